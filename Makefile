@@ -1,0 +1,27 @@
+# The two set-up commands: `make demo` and `make test` each install what they need first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+NP ?= 2
+
+.PHONY: install demo test test-unit test-dist bench clean
+
+install:
+	bash scripts/install-deps.sh --venv $(VENV)
+
+demo: install
+	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/hvdtrain --dataset digits --no-cuda \
+	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir runs/demo
+
+test: install
+	$(PY) -m pytest -q -ra tests
+
+test-unit: install
+	$(PY) -m pytest -q -ra tests/unit
+
+test-dist: install
+	$(PY) -m pytest -q -ra tests/dist
+
+clean:
+	rm -rf runs .pytest_cache

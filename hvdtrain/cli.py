@@ -1,0 +1,179 @@
+"""The ``hvdtrain`` command: parse, validate, build, fit.
+
+Launch it with one process per GPU::
+
+    horovodrun -np 8 -H d1:4,d2:4 hvdtrain --batch-size 64 --epochs 5 --lr 0.01
+    mpirun -np 2 hvdtrain --dataset digits --no-cuda
+    hvdtrain --dataset digits --no-cuda          # no launcher: a single worker
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import List, Optional
+
+from . import config as cfgmod
+from .checkpoint import save_params
+from .config import ConfigError, TrainConfig
+from .data import load_dataset
+from .dist import DistContext, select_devices, share_cpu_threads
+from .kvstore import create_store
+from .log import MetricsWriter, setup_logging
+from .models import build_model
+from .train import broadcast_parameters, build_trainer, fit, initialize
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+EXAMPLES = """examples:
+  hvdtrain --dataset digits --no-cuda --epochs 5
+  horovodrun -np 2 -H localhost:2 hvdtrain --dataset digits --no-cuda --output-dir runs/digits
+  horovodrun -np 8 -H d1:4,d2:4 hvdtrain --data-dir ~/data/cifar-10-batches-bin \\
+      --model resnet18_v1 --batch-size 64 --epochs 5 --lr 0.01
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _int_list(text: str):
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; defaults come from :class:`TrainConfig`."""
+    d = TrainConfig(dataset="digits")
+    p = _Parser(prog="hvdtrain", description=(
+        "Data-parallel training of MXNet Gluon models with Horovod ring-allreduce. "
+        "Run one process per device under horovodrun or mpirun; without a launcher it "
+        "trains as a single worker."),
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = p.add_argument_group("data")
+    data.add_argument("--dataset", default="cifar10", choices=cfgmod.DATASETS,
+                      help="cifar10 (binary files in --data-dir), digits (bundled with "
+                           "scikit-learn) or synthetic (random, for throughput) "
+                           "(default: cifar10)")
+    data.add_argument("--data-dir", help="folder with the CIFAR-10 binary files")
+    data.add_argument("--data-workers", type=int, default=d.data_workers,
+                      help="threads preparing batches per process (default: %(default)s)")
+    data.add_argument("--sampling", default=d.sampling, choices=cfgmod.SAMPLING_MODES,
+                      help="how shuffled data is split over workers; strided makes N workers "
+                           "x batch b see what 1 worker x batch N*b sees (default: "
+                           "%(default)s)")
+    model = p.add_argument_group("model")
+    model.add_argument("--model", help="Gluon model-zoo name, simple_cnn or mlp "
+                                       "(default: simple_cnn for digits, else resnet18_v1)")
+    model.add_argument("--no-hybridize", dest="hybridize", action="store_false",
+                       help="run the model imperatively (for debugging)")
+    opt = p.add_argument_group("optimisation")
+    opt.add_argument("--batch-size", type=int, default=d.batch_size,
+                     help="samples per worker per step; global batch = this x workers "
+                          "(default: %(default)s)")
+    opt.add_argument("--epochs", type=int, default=d.epochs, help="(default: %(default)s)")
+    opt.add_argument("--lr", type=float, default=d.lr,
+                     help="learning rate for the GLOBAL batch: gradients are averaged over "
+                          "all workers' samples (default: %(default)s)")
+    opt.add_argument("--lr-scaling", default=d.lr_scaling, choices=cfgmod.LR_SCALING,
+                     help="linear: multiply --lr by the number of workers (default: "
+                          "%(default)s)")
+    opt.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs,
+                     help="linear learning-rate warm-up, in epochs (default: %(default)s)")
+    opt.add_argument("--lr-decay-epochs", type=_int_list, default=d.lr_decay_epochs,
+                     help="comma-separated epochs at which lr is multiplied by "
+                          "--lr-decay-factor (default: none)")
+    opt.add_argument("--lr-decay-factor", type=float, default=d.lr_decay_factor,
+                     help="(default: %(default)s)")
+    opt.add_argument("--optimizer", default=d.optimizer, choices=cfgmod.OPTIMIZERS,
+                     help="(default: %(default)s)")
+    opt.add_argument("--momentum", type=float, default=d.momentum,
+                     help="for sgd and nag (default: %(default)s)")
+    opt.add_argument("--wd", type=float, default=d.wd, help="weight decay (default: %(default)s)")
+    opt.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
+    opt.add_argument("--max-steps", type=int,
+                     help="stop after this many optimizer steps in total")
+    dist = p.add_argument_group("distribution")
+    dist.add_argument("--kvstore", default=d.kvstore, choices=cfgmod.KVSTORES,
+                      help="horovod (allreduce), MXNet's local/device/dist_* stores, or none "
+                           "(default: %(default)s)")
+    dist.add_argument("--fp16-allreduce", action="store_true",
+                      help="send gradients as float16 (horovod store)")
+    dist.add_argument("--no-cuda", action="store_true",
+                      help="train on the CPU even if GPUs are visible")
+    out = p.add_argument_group("output")
+    out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl and model.params")
+    out.add_argument("--log-interval", type=int, default=d.log_interval,
+                     help="log every N steps within an epoch, 0 for epoch lines only "
+                          "(default: %(default)s)")
+    return p
+
+
+def parse_config(argv: Optional[List[str]] = None) -> TrainConfig:
+    """Parse `argv` into a validated :class:`TrainConfig` (raises ConfigError)."""
+    args = vars(build_parser().parse_args(argv))
+    return TrainConfig(**args)
+
+
+def _check_output_dir(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run the whole job described by `cfg` in this process (one rank of it)."""
+    setup_logging(rank=0)
+    data = load_dataset(cfg.dataset, cfg.data_dir)
+    net = build_model(cfg.model_name, data.num_classes)
+    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
+    dist = DistContext.from_store(create_store(cfg.kvstore, **options))
+    log = setup_logging(dist.rank)
+    threads = share_cpu_threads(dist.local_size)
+    if threads:
+        log.info("%d workers share this host: %d OpenMP threads each", dist.local_size, threads)
+    if cfg.output_dir and dist.is_root:
+        _check_output_dir(cfg.output_dir)
+    devices = select_devices(dist.local_rank, cfg.no_cuda)
+    initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+    trainer = build_trainer(net, cfg, dist)
+    broadcast_parameters(trainer)
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
+    result = fit(net, trainer, data, devices, dist, cfg, MetricsWriter(metrics_path, dist.is_root))
+    if cfg.output_dir and dist.is_root:
+        log.info("parameters saved to %s",
+                 save_params(net, os.path.join(cfg.output_dir, "model.params")))
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``hvdtrain``; returns the exit status."""
+    try:
+        cfg = parse_config(argv)
+        train(cfg)
+    except ConfigError as err:
+        print(f"hvdtrain: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hvdtrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # pylint: disable=broad-except
+        logging.getLogger("hvdtrain").exception("training failed")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def run() -> None:
+    """Console-script wrapper."""
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The training configuration: one frozen, validated dataclass.
+
+Argument parsing lives in :mod:`hvdtrain.cli`; this module only knows what a valid
+configuration is, so the library API and the command line share one set of rules.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+KVSTORES = ("horovod", "local", "device", "none",
+            "dist_sync", "dist_device_sync", "dist_async")
+DATASETS = ("cifar10", "digits", "synthetic")
+OPTIMIZERS = ("sgd", "nag", "adam", "adamw", "rmsprop")
+SAMPLING_MODES = ("strided", "contiguous")
+LR_SCALING = ("none", "linear")
+
+
+class ConfigError(ValueError):
+    """A configuration a user can fix; its message is one line meant for them."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what a training run does.
+
+    Parameters
+    ----------
+    batch_size : int
+        Samples per worker per step. The global batch is ``batch_size * num_workers``.
+    lr : float
+        Learning rate for the *global* batch: gradients are averaged over it.
+    lr_scaling : {'none', 'linear'}
+        ``linear`` multiplies `lr` by the number of workers (then `lr` is the rate for
+        one worker's batch).
+    sampling : {'strided', 'contiguous'}
+        How the shuffled training set is split over workers. ``strided`` makes N workers
+        with batch b see exactly the samples of one worker with batch N*b, step by step.
+    max_steps : int or None
+        Stop after this many optimizer steps in total (for smoke tests).
+    """
+
+    batch_size: int = 64
+    epochs: int = 5
+    lr: float = 0.01
+    no_cuda: bool = False
+    kvstore: str = "horovod"
+    dataset: str = "cifar10"
+    data_dir: Optional[str] = None
+    model: Optional[str] = None
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    wd: float = 1e-4
+    seed: int = 42
+    max_steps: Optional[int] = None
+    output_dir: Optional[str] = None
+    log_interval: int = 50
+    data_workers: int = 2
+    sampling: str = "strided"
+    lr_scaling: str = "none"
+    warmup_epochs: float = 0.0
+    lr_decay_epochs: Tuple[int, ...] = field(default_factory=tuple)
+    lr_decay_factor: float = 0.1
+    hybridize: bool = True
+    fp16_allreduce: bool = False
+
+    def __post_init__(self):
+        validate(self)
+
+    def replace(self, **changes) -> "TrainConfig":
+        """Return a copy with `changes` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready view, as written to metrics and checkpoints."""
+        out = dataclasses.asdict(self)
+        out["lr_decay_epochs"] = list(self.lr_decay_epochs)
+        return out
+
+    @property
+    def model_name(self) -> str:
+        """The model to build: `model`, or the dataset's default."""
+        if self.model:
+            return self.model
+        return "simple_cnn" if self.dataset == "digits" else "resnet18_v1"
+
+
+def _positive(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def _non_negative(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name)
+        if not value >= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+
+
+def _one_of(cfg, name, choices):
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}; "
+                          f"got {value!r}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
+    _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor")
+    _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
+                  "seed")
+    _one_of(cfg, "kvstore", KVSTORES)
+    _one_of(cfg, "dataset", DATASETS)
+    _one_of(cfg, "optimizer", OPTIMIZERS)
+    _one_of(cfg, "sampling", SAMPLING_MODES)
+    _one_of(cfg, "lr_scaling", LR_SCALING)
+    if cfg.dataset == "cifar10" and not cfg.data_dir:
+        raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
+                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
+    if any(e <= 0 for e in cfg.lr_decay_epochs):
+        raise ConfigError("--lr-decay-epochs must be positive epoch numbers")
+    if list(cfg.lr_decay_epochs) != sorted(set(cfg.lr_decay_epochs)):
+        raise ConfigError("--lr-decay-epochs must be increasing")

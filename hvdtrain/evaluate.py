@@ -1,0 +1,56 @@
+"""Sharded evaluation: each test sample is scored once, on exactly one rank."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mxnet as mx
+from mxnet import gluon
+
+from .dist import DistContext
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Totals over all ranks: every rank holds the same numbers."""
+
+    correct: float
+    count: float
+    loss_sum: float
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.count if self.count else 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.count if self.count else 0.0
+
+
+def score_batch(net, loss_fn, images, labels, devices):
+    """Forward one numpy batch over `devices`; returns (correct, loss sum) NDArrays on the
+    first device, still lazy, so the caller decides when to wait for them."""
+    xs = gluon.utils.split_and_load(mx.nd.array(images), devices, even_split=False)
+    ys = gluon.utils.split_and_load(mx.nd.array(labels), devices, even_split=False)
+    outs = [net(x) for x in xs]
+    return tally_batch(outs, ys, [loss_fn(o, y) for o, y in zip(outs, ys)], devices[0])
+
+
+def tally_batch(outs, ys, losses, device):
+    correct = mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().as_in_context(device)
+                            for o, y in zip(outs, ys)])
+    loss_sum = mx.nd.add_n(*[l.sum().as_in_context(device) for l in losses])
+    return correct, loss_sum
+
+
+def evaluate(net, loader, devices, dist: DistContext) -> EvalResult:
+    """Score every batch of this rank's shard of the test set, then sum
+    (correct, count, loss) over all ranks with the store."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    totals = mx.nd.zeros(3, ctx=devices[0])
+    for images, labels in loader:
+        correct, loss_sum = score_batch(net, loss_fn, images, labels, devices)
+        totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
+                               loss_sum, dim=0)
+    totals = dist.sum_across_workers("eval_totals", totals.as_in_context(mx.cpu()))
+    correct, count, loss_sum = (float(v) for v in totals.asnumpy())
+    return EvalResult(correct, count, loss_sum)

@@ -1,0 +1,191 @@
+"""A Horovod KVStore for MXNet 1.9.1, and the factory for every store hvdtrain can use.
+
+MXNet 1.9.1 ships no Horovod store, so Gluon's ``Trainer`` cannot use Horovod directly.
+:class:`HorovodKVStore` implements the ``KVStoreBase`` contract on top of
+``horovod.mxnet`` and is registered under the name ``horovod``: after ``import hvdtrain``,
+``mx.kv.create('horovod')`` and ``gluon.Trainer(params, opt, kvstore=store)`` work.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import mxnet as mx
+from mxnet.kvstore import KVStoreBase
+
+NATIVE_STORES = ("local", "device", "dist_sync", "dist_device_sync", "dist_async")
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class HorovodKVStore(KVStoreBase):
+    """Sum-allreduce and broadcast through Horovod, behind MXNet's KVStore interface.
+
+    Creating the store calls ``hvd.init()``; importing this module does not.
+    Gradients are *summed* across workers, like MXNet's ``dist_sync``: pass the global batch
+    size to ``Trainer.step`` to average them. The store never runs an optimizer, so a
+    ``Trainer`` keeps ``update_on_kvstore=False`` and every worker applies the same update.
+
+    Collective names are derived from the key and the kind of operation
+    (``broadcast.<key>``, ``allreduce.<key>``), so a broadcast and a gradient reduction of the
+    same parameter can never be matched with each other across ranks.
+
+    Parameters
+    ----------
+    compression : {'none', 'fp16'}, default 'none'
+        Compress gradients to float16 on the wire (Horovod's ``Compression.fp16``).
+    """
+
+    def __init__(self, compression="none"):
+        import horovod.mxnet as hvd  # imported here: importing horovod loads MPI
+
+        if compression not in ("none", "fp16"):
+            raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
+        hvd.init()
+        self._hvd = hvd
+        self._compression = hvd.Compression.fp16 if compression == "fp16" \
+            else hvd.Compression.none
+
+    @property
+    def type(self):
+        return "horovod"
+
+    @property
+    def rank(self):
+        return self._hvd.rank()
+
+    @property
+    def num_workers(self):
+        return self._hvd.size()
+
+    @property
+    def local_rank(self):
+        """Rank of this worker among the workers of its host."""
+        return self._hvd.local_rank()
+
+    @property
+    def local_size(self):
+        """Number of workers on this worker's host."""
+        return self._hvd.local_size()
+
+    def broadcast(self, key, value, out, priority=0):
+        """Broadcast `value` from rank 0 and write it to every array of `out`.
+
+        Parameters
+        ----------
+        key : str or int
+            Names the collective; must be the same on every rank.
+        value : NDArray
+            The array to send (rank 0) or to overwrite (other ranks).
+        out : NDArray or list of NDArray
+            Arrays that receive the result (`value` may be one of them).
+        priority : int, optional
+            Higher runs earlier in MXNet's engine.
+        """
+        self._hvd.broadcast_(value, root_rank=0, name=f"broadcast.{key}", priority=priority)
+        for target in _as_list(out):
+            if target is not value:
+                value.copyto(target)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Sum `value` over all workers (and over its own list of device copies).
+
+        Parameters
+        ----------
+        key : str, int, or list of them
+            One key, or one key per entry of `value`. Several keys are reduced in a single
+            grouped Horovod call.
+        value : NDArray, list of NDArray, or a list of those (one per key)
+            For one key, its copies on this worker's devices, which are summed first.
+        out : same structure as `value`, optional
+            Where the sums go; by default they overwrite `value` in place.
+        priority : int, optional
+            Higher runs earlier in MXNet's engine.
+        """
+        if isinstance(key, (list, tuple)):
+            keys, values = list(key), list(value)
+            outs = list(out) if out is not None else [None] * len(keys)
+            if not len(keys) == len(values) == len(outs):
+                raise ValueError("pushpull needs as many values and outs as keys")
+        else:
+            keys, values, outs = [key], [value], [out]
+
+        tensors = [self._local_sum(v) for v in values]
+        wire = [self._compression.compress(t) for t in tensors]
+        compressed = [w for w, _ in wire]
+        if len(keys) == 1:
+            self._hvd.allreduce_(compressed[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
+                                 priority=priority)
+        else:
+            self._hvd.grouped_allreduce_(
+                compressed, op=self._hvd.Sum, priority=priority,
+                name="allreduce." + ",".join(str(k) for k in keys))
+        for tensor, (sent, meta), vals, dest in zip(tensors, wire, values, outs):
+            if sent is not tensor:
+                tensor[:] = self._compression.decompress(sent, meta)
+            targets = _as_list(dest if dest is not None else vals)
+            for target in targets:
+                if target is not tensor:
+                    tensor.copyto(target)
+
+    @staticmethod
+    def _local_sum(value):
+        """One array holding the sum of a key's copies on this worker's devices."""
+        copies = _as_list(value)
+        if len(copies) == 1:
+            return copies[0]
+        total = copies[0].copy()
+        for other in copies[1:]:
+            total += other.as_in_context(total.context)
+        return total
+
+    @staticmethod
+    def is_capable(capability):
+        """Only capability asked for by Gluon is 'optimizer', which this store lacks."""
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return False
+        raise ValueError(f"Unknown capability: {capability}")
+
+    def set_optimizer(self, optimizer):
+        raise NotImplementedError("the horovod store does not run optimizers; "
+                                  "use gluon.Trainer with update_on_kvstore=False")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise NotImplementedError("optimizer states live in the Trainer: "
+                                  "use Trainer.save_states")
+
+    def load_optimizer_states(self, fname):
+        raise NotImplementedError("optimizer states live in the Trainer: "
+                                  "use Trainer.load_states")
+
+
+# KVStoreBase.register would file the class as 'horovodkvstore' (its lower-cased class
+# name); users and MXNet's own docs call this store 'horovod'.
+KVStoreBase.kv_registry["horovod"] = HorovodKVStore
+
+
+def create_store(name: Optional[str], **options):
+    """Create the store named `name`.
+
+    Parameters
+    ----------
+    name : str or None
+        ``'horovod'`` for :class:`HorovodKVStore`; ``'local'``, ``'device'`` or a
+        ``'dist_*'`` type for MXNet's own stores; ``'none'`` or None for no store
+        (single device, single worker).
+    **options
+        Passed to :class:`HorovodKVStore` (e.g. ``compression='fp16'``).
+
+    Returns
+    -------
+    KVStoreBase or None
+    """
+    if name is None or name == "none":
+        return None
+    if name == "horovod":
+        return HorovodKVStore(**options)
+    if name in NATIVE_STORES:
+        return mx.kv.create(name)
+    raise ValueError(f"unknown kvstore {name!r}; expected horovod, none or one of "
+                     f"{', '.join(NATIVE_STORES)}")

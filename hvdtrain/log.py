@@ -1,0 +1,58 @@
+"""Rank-aware logging and the metrics file.
+
+Every rank logs warnings and errors (a problem on rank 3 must not vanish); only rank 0 logs
+INFO, so a job prints one clean line per epoch however many ranks it has.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Optional
+
+LOGGER_NAME = "hvdtrain"
+
+
+def setup_logging(rank: int, stream=None) -> logging.Logger:
+    """Configure the ``hvdtrain`` logger for a process of rank `rank`.
+
+    Calling it again (e.g. once the rank is known) replaces the previous handler.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logger.propagate = False
+    return logger
+
+
+class MetricsWriter:
+    """Append one JSON object per line to ``metrics.jsonl``; only on the root rank.
+
+    The file is opened in append mode and each line is flushed and fsynced, so a crash loses
+    at most the line being written and never what earlier epochs (or runs) wrote.
+
+    Parameters
+    ----------
+    path : str or None
+        Where to write; None (or ``enabled=False``) makes every call a no-op.
+    enabled : bool
+        False on every rank but the root.
+    """
+
+    def __init__(self, path: Optional[str], enabled: bool = True):
+        self.path = path if enabled else None
+
+    def write(self, event: str, **fields) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"event": event, **fields}, sort_keys=False)
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+            out.flush()
+            os.fsync(out.fileno())

@@ -1,0 +1,23 @@
+"""The learning rate as a pure function of the step, so a resumed run continues it."""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+
+def effective_base_lr(lr: float, lr_scaling: str, num_workers: int) -> float:
+    """`lr` after the scaling rule: ``linear`` multiplies it by the number of workers."""
+    return lr * num_workers if lr_scaling == "linear" else lr
+
+
+def lr_at(step: int, steps_per_epoch: int, base_lr: float, warmup_epochs: float = 0.0,
+          decay_epochs=(), decay_factor: float = 0.1) -> float:
+    """Learning rate for optimizer step `step` (counted from 0 over the whole run).
+
+    Linear warm-up from ``base_lr / warmup_steps`` to `base_lr` over `warmup_epochs`, then a
+    step decay by `decay_factor` at each epoch of `decay_epochs`.
+    """
+    warmup_steps = int(round(warmup_epochs * steps_per_epoch))
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    epoch = step // max(steps_per_epoch, 1)
+    return base_lr * decay_factor ** bisect_right(list(decay_epochs), epoch)

@@ -1,0 +1,197 @@
+"""The training loop. It sees a Gluon ``Trainer`` and a :class:`DistContext`, never a backend.
+
+One step: split the batch over the worker's devices, forward and backward under autograd,
+``trainer.step(global batch)``. The store *sums* gradients over workers and ``step`` divides
+by the global batch, so the update uses the gradient averaged over the global batch and
+``--lr`` is the rate for that global batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from .config import TrainConfig
+from .data import Dataset
+from .dist import DistContext
+from .evaluate import tally_batch, evaluate
+from .loader import BatchLoader
+from .log import MetricsWriter
+from .sampler import SplitSampler
+from .schedule import effective_base_lr, lr_at
+
+logger = logging.getLogger("hvdtrain")
+
+INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)
+
+
+@dataclass
+class TrainState:
+    """Where training stands: the next epoch to run and optimizer steps taken so far."""
+
+    epoch: int = 0
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Training totals of one epoch over all ranks."""
+
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
+    """A Gluon Trainer over `dist.store`. The store only reduces gradients
+    (``update_on_kvstore=False``): every worker applies the same update itself, and the
+    optimizer state stays on the worker."""
+    params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
+              "wd": cfg.wd}
+    if cfg.optimizer in ("sgd", "nag"):
+        params["momentum"] = cfg.momentum
+    update_on_kvstore = None if dist.store is None else False
+    return gluon.Trainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
+                         update_on_kvstore=update_on_kvstore)
+
+
+def initialize(net, devices, image_shape, seed: int, rank: int, hybridize: bool = True) -> None:
+    """Initialise `net` on `devices` with its shapes known.
+
+    Gluon defers shapes until the first forward pass, so a dummy forward pass forces them
+    now: the parameters must exist before they can be broadcast. Seeding each rank
+    differently makes a missing broadcast show up as diverging replicas.
+    """
+    mx.random.seed(seed + rank)
+    net.initialize(INIT, ctx=devices)
+    # In training mode: an inference pass lets MKL-DNN convolutions reorder weights into
+    # an internal layout in place, which Horovod's broadcast cannot read.
+    with autograd.train_mode():
+        net(mx.nd.zeros((1,) + tuple(image_shape), ctx=devices[0]))
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+
+
+def broadcast_parameters(trainer: gluon.Trainer) -> None:
+    """Make every rank hold rank 0's parameters before the first training forward pass.
+
+    The Trainer would broadcast only inside its first ``step``, after every rank had already
+    taken a gradient at its own weights, and on a parameter server that broadcast can be
+    reordered with the first gradient push of the same key. So the store is set up and the
+    broadcast run and waited for here.
+    """
+    # Trainer has no public hook for "set up the store now"; these two calls are exactly
+    # what its first step() would run.
+    trainer._init_kvstore()  # pylint: disable=protected-access
+    trainer._init_params()  # pylint: disable=protected-access
+    mx.nd.waitall()
+
+
+def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext):
+    """Train loader over this rank's padded, shuffled part; test loader over its unpadded
+    shard (each test sample on exactly one rank)."""
+    train_sampler = SplitSampler(len(data.train_y), dist.num_workers, dist.rank, shuffle=True,
+                                 seed=cfg.seed, mode=cfg.sampling)
+    test_sampler = SplitSampler(len(data.test_y), dist.num_workers, dist.rank, pad=False)
+    common = dict(mean=data.mean, std=data.std, data_workers=cfg.data_workers, seed=cfg.seed)
+    return (BatchLoader(data.train_x, data.train_y, train_sampler, cfg.batch_size,
+                        augment=data.augment, **common),
+            BatchLoader(data.test_x, data.test_y, test_sampler, cfg.batch_size, **common))
+
+
+def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainState,
+                lr_for_step: Callable[[int], float], max_steps: Optional[int],
+                log_interval: int) -> EpochStats:
+    """Run one epoch (or until `max_steps`) and return its totals over all ranks.
+
+    Loss and accuracy accumulate on the device; the host reads them only at log intervals
+    and at the end of the epoch, so steps are not serialised by host syncs.
+    """
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    device = devices[0]
+    correct = mx.nd.zeros(1, ctx=device)
+    loss_sum = mx.nd.zeros(1, ctx=device)
+    samples = 0
+    start = time.perf_counter()
+    for batch, (images, labels) in enumerate(loader, 1):
+        if max_steps is not None and state.step >= max_steps:
+            break
+        trainer.set_learning_rate(lr_for_step(state.step))
+        xs = gluon.utils.split_and_load(mx.nd.array(images), devices, even_split=False)
+        ys = gluon.utils.split_and_load(mx.nd.array(labels), devices, even_split=False)
+        with autograd.record():
+            outs = [net(x) for x in xs]
+            losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
+        autograd.backward(losses)
+        trainer.step(len(labels) * dist.num_workers)
+        batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
+        correct += batch_correct
+        loss_sum += batch_loss
+        samples += len(labels)
+        state.step += 1
+        if log_interval and batch % log_interval == 0 and logger.isEnabledFor(logging.INFO):
+            elapsed = time.perf_counter() - start
+            logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
+                        batch, len(loader), loss_sum.asscalar() / samples,
+                        samples * dist.num_workers / elapsed)
+    totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
+    totals.wait_to_read()
+    seconds = time.perf_counter() - start
+    totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
+    loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
+    return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
+                      samples=int(seen), seconds=seconds)
+
+
+def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
+        metrics: MetricsWriter, state: Optional[TrainState] = None) -> dict:
+    """Train for ``cfg.epochs`` epochs, evaluating after each; return the final figures."""
+    state = state or TrainState()
+    train_loader, test_loader = build_loaders(data, cfg, dist)
+    steps_per_epoch = len(train_loader)
+    base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
+
+    def lr_for_step(step):
+        return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
+                     cfg.lr_decay_factor)
+
+    logger.info("training %s on %s: %d workers x batch %d = global batch %d, "
+                "%d steps/epoch, lr %g for the global batch (scaling: %s)",
+                cfg.model_name, data.name, dist.num_workers, cfg.batch_size,
+                cfg.batch_size * dist.num_workers, steps_per_epoch, base_lr, cfg.lr_scaling)
+    metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
+                  steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices])
+    run_start = time.perf_counter()
+    result = None
+    while state.epoch < cfg.epochs:
+        epoch = state.epoch
+        train_loader.sampler.set_epoch(epoch)
+        stats = train_epoch(net, trainer, train_loader, devices, dist, state, lr_for_step,
+                            cfg.max_steps, cfg.log_interval)
+        result = evaluate(net, test_loader, devices, dist)
+        state.epoch += 1
+        logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
+                    "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
+                    result.accuracy, stats.samples_per_sec, stats.seconds)
+        metrics.write("epoch", epoch=epoch, step=state.step, train_loss=stats.loss,
+                      train_acc=stats.accuracy, test_acc=result.accuracy,
+                      test_loss=result.loss, samples_per_sec=stats.samples_per_sec,
+                      epoch_time=stats.seconds, lr=trainer.learning_rate,
+                      num_workers=dist.num_workers, batch_size=cfg.batch_size)
+        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+            break
+    total_time = time.perf_counter() - run_start
+    test_acc = result.accuracy if result else None
+    metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
+    logger.info("done: test acc %s after %d steps in %.1fs",
+                "n/a" if test_acc is None else f"{test_acc:.4f}", state.step, total_time)
+    return {"test_acc": test_acc, "total_time": total_time, "steps": state.step}
