@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import List, Optional
 
 from . import config as cfgmod
@@ -132,7 +133,17 @@ def _check_output_dir(path: str) -> None:
         raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
 
 
-def train(cfg: TrainConfig) -> dict:
+@dataclass
+class Run:
+    """What a finished run leaves in this process."""
+
+    net: object
+    trainer: object
+    dist: DistContext
+    result: dict
+
+
+def train(cfg: TrainConfig) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it)."""
     setup_logging(rank=0)
     data = load_dataset(cfg.dataset, cfg.data_dir)
@@ -154,7 +165,7 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.output_dir and dist.is_root:
         log.info("parameters saved to %s",
                  save_params(net, os.path.join(cfg.output_dir, "model.params")))
-    return result
+    return Run(net, trainer, dist, result)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -194,4 +194,5 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
     logger.info("done: test acc %s after %d steps in %.1fs",
                 "n/a" if test_acc is None else f"{test_acc:.4f}", state.step, total_time)
-    return {"test_acc": test_acc, "total_time": total_time, "steps": state.step}
+    return {"test_acc": test_acc, "test_count": result.count if result else 0,
+            "total_time": total_time, "steps": state.step}

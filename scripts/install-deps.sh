@@ -60,6 +60,14 @@ constraints="$here/constraints.txt"
 
 if [ "$gpu" = 1 ]; then mx_pkg=mxnet-cu112; extra=gpu; else mx_pkg=mxnet; extra=cpu; fi
 
+# What the Python side was installed from; when it has not changed, there is nothing to do.
+stamp_file="$("$py" -c 'import sys; print(sys.prefix)')/.hvdtrain-deps"
+stamp=$(cat "$0" "$constraints" "$here/setup.cfg" | sha256sum | cut -c1-16)-$extra
+if [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] && "$py" -c 'import hvdtrain' 2>/dev/null; then
+  log "up to date ($stamp_file)"
+  exit 0
+fi
+
 # Build tools first: Horovod is built with --no-build-isolation against them.
 "${pip[@]}" install -c "$constraints" setuptools wheel 'cmake>=3.13'
 "${pip[@]}" install -c "$constraints" "$mx_pkg" "numpy>=1.16,<1.24"
@@ -96,4 +104,5 @@ if ! hvd_ok; then
 fi
 
 "${pip[@]}" install -c "$constraints" -e "$here[$extra,test,demo]"
+echo "$stamp" > "$stamp_file"
 log "ready: $("$py" -c 'import mxnet, horovod, numpy; print("mxnet", mxnet.__version__, "horovod", horovod.__version__, "numpy", numpy.__version__)')"

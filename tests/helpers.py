@@ -1,0 +1,34 @@
+"""Helpers shared by unit and multi-process tests."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def tool(name):
+    """Path of a console script installed beside this Python (horovodrun, hvdtrain)."""
+    return os.path.join(BIN, name)
+
+
+def run_command(cmd, timeout, env=None, cwd=None):
+    """Run `cmd` in its own process group; on timeout kill the whole group and fail.
+
+    A hung collective must fail the test, not block CI.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)

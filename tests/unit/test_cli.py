@@ -1,0 +1,40 @@
+"""`hvdtrain` as users call it: bad input is one line and exit status 2."""
+import pytest
+
+from helpers import run_command, tool
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--epochs", "-1"], "--epochs must be positive"),
+    (["--model", "resnet9000"], "unknown model 'resnet9000'; choose one of"),
+    (["--dataset", "mnist"], "argument --dataset: invalid choice"),
+    (["--batch-size", "many"], "argument --batch-size: invalid int value"),
+    (["--dataset", "cifar10"], "needs --data-dir"),
+    (["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],
+     "CIFAR-10 binary files missing in /nonexistent/cifar"),
+    (["--output-dir", "/proc/hvdtrain-out"], "--output-dir /proc/hvdtrain-out is not writable"),
+])
+def test_bad_input_is_one_line_and_exit_2(flags, needle):
+    base = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1"]
+    proc = run_command([tool("hvdtrain")] + base + flags, timeout=120)
+    assert proc.returncode == 2, proc.stdout
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stdout
+    assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0]
+
+
+def test_help_states_the_lr_semantics_and_examples():
+    proc = run_command([tool("hvdtrain"), "--help"], timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "learning rate for the GLOBAL batch" in text
+    assert "horovodrun -np 8 -H d1:4,d2:4 hvdtrain" in text
+
+
+def test_single_worker_without_launcher(tmp_path):
+    proc = run_command([tool("hvdtrain"), "--dataset", "digits", "--no-cuda", "--max-steps", "3",
+                        "--output-dir", str(tmp_path)], timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    assert "1 workers x batch 64" in proc.stdout
+    assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "model.params").exists()

@@ -1,0 +1,41 @@
+import pytest
+
+from hvdtrain.cli import parse_config
+from hvdtrain.config import ConfigError, TrainConfig
+
+
+def test_defaults_are_valid_and_documented():
+    cfg = TrainConfig(dataset="digits")
+    assert (cfg.batch_size, cfg.epochs, cfg.lr, cfg.kvstore) == (64, 5, 0.01, "horovod")
+    assert cfg.model_name == "simple_cnn"
+    assert TrainConfig(dataset="synthetic").model_name == "resnet18_v1"
+
+
+def test_parse_config_reads_flags():
+    cfg = parse_config(["--dataset", "digits", "--batch-size", "8", "--lr-decay-epochs", "2,4",
+                        "--max-steps", "3", "--no-cuda", "--model", "mlp"])
+    assert cfg.batch_size == 8 and cfg.lr_decay_epochs == (2, 4) and cfg.max_steps == 3
+    assert cfg.no_cuda and cfg.model_name == "mlp"
+
+
+@pytest.mark.parametrize("changes,needle", [
+    (dict(batch_size=0), "--batch-size must be positive"),
+    (dict(epochs=-1), "--epochs must be positive"),
+    (dict(lr=0.0), "--lr must be positive"),
+    (dict(max_steps=0), "--max-steps"),
+    (dict(data_workers=-1), "--data-workers must be >= 0"),
+    (dict(kvstore="nccl"), "--kvstore must be one of"),
+    (dict(dataset="mnist"), "--dataset must be one of"),
+    (dict(dataset="cifar10"), "needs --data-dir"),
+    (dict(lr_decay_epochs=(4, 2)), "increasing"),
+])
+def test_invalid_configs_name_the_flag(changes, needle):
+    base = dict(dataset="digits")
+    base.update(changes)
+    with pytest.raises(ConfigError, match=needle):
+        TrainConfig(**base)
+
+
+def test_replace_validates():
+    with pytest.raises(ConfigError):
+        TrainConfig(dataset="digits").replace(batch_size=-3)

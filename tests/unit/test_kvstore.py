@@ -1,0 +1,95 @@
+"""The store contract in one process (Horovod with one rank)."""
+import subprocess
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+import hvdtrain  # noqa: F401  registers 'horovod'
+from hvdtrain.kvstore import HorovodKVStore, create_store
+
+
+@pytest.fixture(scope="module")
+def store():
+    return mx.kv.create("horovod")
+
+
+def test_import_registers_but_does_not_initialise_horovod():
+    code = ("import sys, hvdtrain, mxnet as mx; "
+            "print('horovod' in mx.kvstore.KVStoreBase.kv_registry, "
+            "'horovod.mxnet' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    assert out == ["True", "False"]
+
+
+def test_properties(store):
+    assert isinstance(store, HorovodKVStore) and store.type == "horovod"
+    assert (store.rank, store.num_workers, store.local_rank, store.local_size) == (0, 1, 0, 1)
+    assert store.is_capable("optimizer") is False
+
+
+def test_pushpull_sums_device_copies_in_place(store):
+    copies = [mx.nd.array([1, 2], ctx=mx.cpu(0)), mx.nd.array([10, 20], ctx=mx.cpu(1))]
+    store.pushpull("k", copies)
+    assert [c.asnumpy().tolist() for c in copies] == [[11, 22], [11, 22]]
+    assert copies[1].context == mx.cpu(1)
+
+
+def test_pushpull_into_out_leaves_value(store):
+    value, out = mx.nd.array([3.0]), mx.nd.zeros(1)
+    store.pushpull(7, value, out=out)
+    assert out.asscalar() == 3.0 and value.asscalar() == 3.0
+
+
+def test_pushpull_list_of_keys(store):
+    values = [mx.nd.ones(3), [mx.nd.ones(2), mx.nd.ones(2) * 4]]
+    outs = [mx.nd.zeros(3), [mx.nd.zeros(2), mx.nd.zeros(2)]]
+    store.pushpull(["a", "b"], values, out=outs)
+    assert outs[0].asnumpy().tolist() == [1, 1, 1]
+    assert [o.asnumpy().tolist() for o in outs[1]] == [[5, 5], [5, 5]]
+    with pytest.raises(ValueError):
+        store.pushpull(["a", "b"], [mx.nd.ones(1)])
+
+
+def test_broadcast_writes_every_out(store):
+    value = mx.nd.array([1.5, 2.5])
+    outs = [value, mx.nd.zeros(2, ctx=mx.cpu(1))]
+    store.broadcast("w", value, outs)
+    assert outs[1].asnumpy().tolist() == [1.5, 2.5]
+
+
+def test_fp16_compression_keeps_dtype():
+    fp16 = HorovodKVStore(compression="fp16")
+    value = mx.nd.array([1.0001, 2.0])
+    fp16.pushpull("c", value)
+    assert value.dtype == np.float32
+    assert value.asnumpy()[0] == np.float32(np.float16(1.0001))
+    with pytest.raises(ValueError):
+        HorovodKVStore(compression="int8")
+
+
+def test_trainer_drives_the_store_without_updating_on_it(store):
+    net = gluon.nn.Dense(1, in_units=2)
+    net.initialize(mx.init.Constant(0.0))
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=store)
+    x, y = mx.nd.array([[1.0, 2.0]]), mx.nd.array([[1.0]])
+    losses = []
+    for _ in range(20):
+        with autograd.record():
+            loss = ((net(x) - y) ** 2).sum()
+        loss.backward()
+        trainer.step(1)
+        losses.append(loss.asscalar())
+    assert trainer._update_on_kvstore is False  # pylint: disable=protected-access
+    assert losses[-1] < 1e-3 < losses[0]
+
+
+def test_create_store_variants():
+    assert create_store(None) is None and create_store("none") is None
+    assert create_store("local").type == "local"
+    assert isinstance(create_store("horovod"), HorovodKVStore)
+    with pytest.raises(ValueError, match="unknown kvstore"):
+        create_store("zmq")

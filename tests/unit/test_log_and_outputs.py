@@ -1,0 +1,44 @@
+import io
+import json
+import logging
+
+from hvdtrain.checkpoint import atomic_write
+from hvdtrain.log import MetricsWriter, setup_logging
+
+
+def test_rank0_logs_info_other_ranks_only_warnings():
+    for rank, expect_info in [(0, True), (3, False)]:
+        stream = io.StringIO()
+        logger = setup_logging(rank, stream)
+        logger.info("hello")
+        logger.warning("careful")
+        text = stream.getvalue()
+        assert ("hello" in text) == expect_info
+        assert f"[rank {rank}] WARNING careful" in text
+    setup_logging(0)
+
+
+def test_metrics_writer_appends_and_is_silent_when_disabled(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "earlier"}\n')
+    MetricsWriter(str(path)).write("epoch", epoch=0, test_acc=0.5)
+    MetricsWriter(str(path), enabled=False).write("epoch", epoch=1)
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    assert lines == [{"event": "earlier"}, {"event": "epoch", "epoch": 0, "test_acc": 0.5}]
+
+
+def test_atomic_write_keeps_old_file_when_writer_fails(tmp_path):
+    target = tmp_path / "model.params"
+    target.write_text("old")
+
+    def broken(path):
+        with open(path, "w") as out:
+            out.write("half")
+        raise RuntimeError("disk full")
+
+    try:
+        atomic_write(str(target), broken)
+    except RuntimeError:
+        pass
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.params"]
