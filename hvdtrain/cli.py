@@ -76,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the model imperatively (for debugging)")
     opt = p.add_argument_group("optimisation")
     opt.add_argument("--batch-size", type=int, default=d.batch_size,
-                     help="samples per worker per step; global batch = this x workers "
-                          "(default: %(default)s)")
+                     help="samples per device per step (with Horovod: per worker); global "
+                          "batch = this x devices per worker x workers (default: "
+                          "%(default)s)")
     opt.add_argument("--epochs", type=int, default=d.epochs, help="(default: %(default)s)")
     opt.add_argument("--lr", type=float, default=d.lr,
                      help="learning rate for the GLOBAL batch: gradients are averaged over "
@@ -108,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="send gradients as float16 (horovod store)")
     dist.add_argument("--no-cuda", action="store_true",
                       help="train on the CPU even if GPUs are visible")
+    dist.add_argument("--gpus", type=_int_list, default=d.gpus,
+                      help="comma-separated GPU ids this worker drives (parameter server: "
+                           "one worker per host, several GPUs)")
+    dist.add_argument("--gpus-per-worker", type=int,
+                      help="each worker drives this many GPUs, picked by its local rank")
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl and model.params")
     out.add_argument("--log-interval", type=int, default=d.log_interval,
@@ -143,8 +149,11 @@ class Run:
     result: dict
 
 
-def train(cfg: TrainConfig) -> Run:
-    """Run the whole job described by `cfg` in this process (one rank of it)."""
+def train(cfg: TrainConfig, devices=None) -> Run:
+    """Run the whole job described by `cfg` in this process (one rank of it).
+
+    `devices` overrides the devices chosen from the configuration (a list of contexts).
+    """
     setup_logging(rank=0)
     data = load_dataset(cfg.dataset, cfg.data_dir)
     net = build_model(cfg.model_name, data.num_classes)
@@ -156,7 +165,8 @@ def train(cfg: TrainConfig) -> Run:
         log.info("%d workers share this host: %d OpenMP threads each", dist.local_size, threads)
     if cfg.output_dir and dist.is_root:
         _check_output_dir(cfg.output_dir)
-    devices = select_devices(dist.local_rank, cfg.no_cuda)
+    devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
+                                        cfg.gpus_per_worker)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
     trainer = build_trainer(net, cfg, dist)
     broadcast_parameters(trainer)

@@ -28,7 +28,8 @@ class TrainConfig:
     Parameters
     ----------
     batch_size : int
-        Samples per worker per step. The global batch is ``batch_size * num_workers``.
+        Samples per device per step. With Horovod a worker drives one device, so this is
+        per worker; the global batch is ``batch_size * devices per worker * num_workers``.
     lr : float
         Learning rate for the *global* batch: gradients are averaged over it.
     lr_scaling : {'none', 'linear'}
@@ -64,6 +65,8 @@ class TrainConfig:
     lr_decay_factor: float = 0.1
     hybridize: bool = True
     fp16_allreduce: bool = False
+    gpus: Tuple[int, ...] = field(default_factory=tuple)
+    gpus_per_worker: Optional[int] = None
 
     def __post_init__(self):
         validate(self)
@@ -76,6 +79,7 @@ class TrainConfig:
         """A JSON-ready view, as written to metrics and checkpoints."""
         out = dataclasses.asdict(self)
         out["lr_decay_epochs"] = list(self.lr_decay_epochs)
+        out["gpus"] = list(self.gpus)
         return out
 
     @property
@@ -109,7 +113,8 @@ def _one_of(cfg, name, choices):
 
 def validate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
-    _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor")
+    _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor",
+              "gpus_per_worker")
     _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
                   "seed")
     _one_of(cfg, "kvstore", KVSTORES)
@@ -120,6 +125,14 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.dataset == "cifar10" and not cfg.data_dir:
         raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
                           "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
+    if cfg.gpus and cfg.gpus_per_worker:
+        raise ConfigError("give either --gpus or --gpus-per-worker, not both")
+    if any(g < 0 for g in cfg.gpus):
+        raise ConfigError(f"--gpus must be GPU ids >= 0, got {list(cfg.gpus)}")
+    if cfg.kvstore == "dist_async" and (cfg.warmup_epochs or cfg.lr_decay_epochs):
+        raise ConfigError("--kvstore dist_async runs the optimizer on the servers, which "
+                          "never see a learning-rate schedule: drop --warmup-epochs and "
+                          "--lr-decay-epochs")
     if any(e <= 0 for e in cfg.lr_decay_epochs):
         raise ConfigError("--lr-decay-epochs must be positive epoch numbers")
     if list(cfg.lr_decay_epochs) != sorted(set(cfg.lr_decay_epochs)):

@@ -4,12 +4,22 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
 logger = logging.getLogger("hvdtrain")
+
+# Set by hvdtrain-launch for parameter-server workers, which have no host-local rank of
+# their own (Horovod reports one; MXNet's dist stores do not).
+LOCAL_RANK_ENV = "HVDTRAIN_LOCAL_RANK"
+LOCAL_SIZE_ENV = "HVDTRAIN_LOCAL_SIZE"
+
+# MXNet's native stores take integer keys only, and one store may not mix key types. The
+# Trainer numbers parameters from 0, so reductions of named values use keys from here up,
+# assigned in order of first use (which is the same on every worker).
+NAMED_KEY_BASE = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -35,16 +45,26 @@ class DistContext:
     num_workers: int = 1
     local_size: int = 1
     store: object = None
+    _named_keys: Dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_store(cls, store) -> "DistContext":
+    def from_store(cls, store, environ=os.environ) -> "DistContext":
         """Read the job layout from `store` (None means a single worker)."""
         if store is None:
             return cls()
-        local_rank = getattr(store, "local_rank", 0)
-        local_size = getattr(store, "local_size", 1)
+        local_rank = getattr(store, "local_rank", None)
+        local_size = getattr(store, "local_size", None)
+        if local_rank is None:
+            local_rank = int(environ.get(LOCAL_RANK_ENV, 0))
+            local_size = int(environ.get(LOCAL_SIZE_ENV, 1))
         return cls(rank=store.rank, local_rank=local_rank, num_workers=store.num_workers,
                    local_size=local_size, store=store)
+
+    @property
+    def synchronous(self) -> bool:
+        """False for ``dist_async``, where servers apply each worker's update on arrival
+        and workers never meet at a collective."""
+        return self.store is None or "async" not in self.store.type
 
     @property
     def is_root(self) -> bool:
@@ -56,13 +76,24 @@ class DistContext:
 
         Every worker must call this with the same `name` and shape at the same point.
         """
-        if self.num_workers > 1:
+        if self.num_workers == 1:
+            return values
+        if not self.synchronous:
+            raise RuntimeError("dist_async workers cannot reduce values with the store")
+        if isinstance(self.store, mx.kvstore.KVStore):
+            key = self._named_keys.get(name)
+            if key is None:
+                key = self._named_keys[name] = NAMED_KEY_BASE + len(self._named_keys)
+                self.store.init(key, mx.nd.zeros(values.shape, dtype=values.dtype))
+            self.store.pushpull(key, values, out=values)
+        else:
             self.store.pushpull(name, values)
         return values
 
 
 def select_devices(local_rank: int, no_cuda: bool = False,
-                   gpus: Optional[Sequence[int]] = None) -> List[mx.Context]:
+                   gpus: Optional[Sequence[int]] = None,
+                   gpus_per_worker: Optional[int] = None) -> List[mx.Context]:
     """The devices this worker computes on.
 
     Parameters
@@ -73,6 +104,8 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         Use the CPU even when GPUs are visible.
     gpus : sequence of int, optional
         Explicit GPU ids for a worker that drives several GPUs.
+    gpus_per_worker : int, optional
+        A worker drives this many GPUs: ``local_rank * n`` to ``local_rank * n + n - 1``.
     """
     if no_cuda:
         return [mx.cpu()]
@@ -81,7 +114,12 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         logger.warning("no GPU is visible to this process; training on the CPU "
                        "(pass --no-cuda to silence this)")
         return [mx.cpu()]
-    wanted = list(gpus) if gpus else [local_rank]
+    if gpus:
+        wanted = list(gpus)
+    elif gpus_per_worker:
+        wanted = list(range(local_rank * gpus_per_worker, (local_rank + 1) * gpus_per_worker))
+    else:
+        wanted = [local_rank]
     missing = [g for g in wanted if g >= visible]
     if missing:
         raise ValueError(f"GPU {missing[0]} was asked for but only {visible} are visible "

@@ -44,13 +44,15 @@ def tally_batch(outs, ys, losses, device):
 
 def evaluate(net, loader, devices, dist: DistContext) -> EvalResult:
     """Score every batch of this rank's shard of the test set, then sum
-    (correct, count, loss) over all ranks with the store."""
+    (correct, count, loss) over all ranks with the store (under ``dist_async``, where the
+    loader covers the whole test set, this rank's own figures)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     totals = mx.nd.zeros(3, ctx=devices[0])
     for images, labels in loader:
         correct, loss_sum = score_batch(net, loss_fn, images, labels, devices)
         totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
                                loss_sum, dim=0)
-    totals = dist.sum_across_workers("eval_totals", totals.as_in_context(mx.cpu()))
+    if dist.synchronous:
+        totals = dist.sum_across_workers("eval_totals", totals.as_in_context(mx.cpu()))
     correct, count, loss_sum = (float(v) for v in totals.asnumpy())
     return EvalResult(correct, count, loss_sum)

@@ -54,12 +54,14 @@ class EpochStats:
 def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
     """A Gluon Trainer over `dist.store`. The store only reduces gradients
     (``update_on_kvstore=False``): every worker applies the same update itself, and the
-    optimizer state stays on the worker."""
+    optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
+    run the optimizer and apply each worker's gradient as it arrives."""
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
               "wd": cfg.wd}
     if cfg.optimizer in ("sgd", "nag"):
         params["momentum"] = cfg.momentum
-    update_on_kvstore = None if dist.store is None else False
+    # dist_async can only update on the servers (MXNet refuses anything else).
+    update_on_kvstore = None if dist.store is None else not dist.synchronous
     return gluon.Trainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
                          update_on_kvstore=update_on_kvstore)
 
@@ -96,28 +98,33 @@ def broadcast_parameters(trainer: gluon.Trainer) -> None:
     mx.nd.waitall()
 
 
-def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext):
+def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext, num_devices: int = 1):
     """Train loader over this rank's padded, shuffled part; test loader over its unpadded
-    shard (each test sample on exactly one rank)."""
+    shard (each test sample on exactly one rank). Asynchronous workers cannot sum a sharded
+    evaluation, so each scores the whole test set with the weights it holds."""
     train_sampler = SplitSampler(len(data.train_y), dist.num_workers, dist.rank, shuffle=True,
                                  seed=cfg.seed, mode=cfg.sampling)
-    test_sampler = SplitSampler(len(data.test_y), dist.num_workers, dist.rank, pad=False)
+    test_parts, test_part = (dist.num_workers, dist.rank) if dist.synchronous else (1, 0)
+    test_sampler = SplitSampler(len(data.test_y), test_parts, test_part, pad=False)
+    worker_batch = cfg.batch_size * num_devices
     common = dict(mean=data.mean, std=data.std, data_workers=cfg.data_workers, seed=cfg.seed)
-    return (BatchLoader(data.train_x, data.train_y, train_sampler, cfg.batch_size,
+    return (BatchLoader(data.train_x, data.train_y, train_sampler, worker_batch,
                         augment=data.augment, **common),
-            BatchLoader(data.test_x, data.test_y, test_sampler, cfg.batch_size, **common))
+            BatchLoader(data.test_x, data.test_y, test_sampler, worker_batch, **common))
 
 
 def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainState,
                 lr_for_step: Callable[[int], float], max_steps: Optional[int],
                 log_interval: int) -> EpochStats:
-    """Run one epoch (or until `max_steps`) and return its totals over all ranks.
+    """Run one epoch (or until `max_steps`) and return its totals over all ranks
+    (this rank's own under ``dist_async``).
 
     Loss and accuracy accumulate on the device; the host reads them only at log intervals
     and at the end of the epoch, so steps are not serialised by host syncs.
     """
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     device = devices[0]
+    nominal_batch = loader.batch_size
     correct = mx.nd.zeros(1, ctx=device)
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
@@ -132,7 +139,12 @@ def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainSt
             outs = [net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
         autograd.backward(losses)
-        trainer.step(len(labels) * dist.num_workers)
+        if dist.synchronous:
+            trainer.step(len(labels) * dist.num_workers)
+        else:
+            # Each push is applied alone, and MXNet fixes the servers' rescaling at the
+            # first step: a short last batch is scaled as a full one.
+            trainer.step(nominal_batch)
         batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
         correct += batch_correct
         loss_sum += batch_loss
@@ -146,7 +158,8 @@ def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainSt
     totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
     totals.wait_to_read()
     seconds = time.perf_counter() - start
-    totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
+    if dist.synchronous:
+        totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
                       samples=int(seen), seconds=seconds)
@@ -156,7 +169,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         metrics: MetricsWriter, state: Optional[TrainState] = None) -> dict:
     """Train for ``cfg.epochs`` epochs, evaluating after each; return the final figures."""
     state = state or TrainState()
-    train_loader, test_loader = build_loaders(data, cfg, dist)
+    train_loader, test_loader = build_loaders(data, cfg, dist, len(devices))
     steps_per_epoch = len(train_loader)
     base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
 
@@ -164,10 +177,11 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
                      cfg.lr_decay_factor)
 
-    logger.info("training %s on %s: %d workers x batch %d = global batch %d, "
-                "%d steps/epoch, lr %g for the global batch (scaling: %s)",
-                cfg.model_name, data.name, dist.num_workers, cfg.batch_size,
-                cfg.batch_size * dist.num_workers, steps_per_epoch, base_lr, cfg.lr_scaling)
+    logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
+                "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
+                cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
+                train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,
+                cfg.lr_scaling, cfg.kvstore)
     metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
                   steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices])
     run_start = time.perf_counter()
