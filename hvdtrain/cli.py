@@ -169,7 +169,9 @@ def train(cfg: TrainConfig, devices=None) -> Run:
                                         cfg.gpus_per_worker)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
     trainer = build_trainer(net, cfg, dist)
-    broadcast_parameters(trainer)
+    worker_batch = cfg.batch_size * len(devices)
+    broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
+                         else worker_batch)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
     result = fit(net, trainer, data, devices, dist, cfg, MetricsWriter(metrics_path, dist.is_root))
     if cfg.output_dir and dist.is_root:
@@ -196,5 +198,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def run() -> None:
-    """Console-script wrapper."""
-    sys.exit(main())
+    """Console-script wrapper.
+
+    A failed rank leaves with ``os._exit``: the normal interpreter shutdown would run the
+    stores' finalizers, which wait for peers (a ps-lite barrier, Horovod's shutdown) that
+    will never come, and the job would hang instead of failing.
+    """
+    code = main()
+    if code != EXIT_OK:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # pylint: disable=protected-access
+    sys.exit(code)

@@ -83,16 +83,21 @@ def initialize(net, devices, image_shape, seed: int, rank: int, hybridize: bool 
         net.hybridize(static_alloc=True, static_shape=True)
 
 
-def broadcast_parameters(trainer: gluon.Trainer) -> None:
+def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
     """Make every rank hold rank 0's parameters before the first training forward pass.
 
     The Trainer would broadcast only inside its first ``step``, after every rank had already
     taken a gradient at its own weights, and on a parameter server that broadcast can be
     reordered with the first gradient push of the same key. So the store is set up and the
     broadcast run and waited for here.
+
+    `batch_size` is what the first ``step`` will be given: when the servers run the
+    optimizer (``dist_async``) they receive its gradient scaling now, and MXNet refuses a
+    later change.
     """
-    # Trainer has no public hook for "set up the store now"; these two calls are exactly
-    # what its first step() would run.
+    # Trainer has no public hook for "set up the store now"; these calls are exactly what
+    # its first step() would run.
+    trainer._check_and_rescale_grad(trainer._scale / batch_size)  # pylint: disable=protected-access
     trainer._init_kvstore()  # pylint: disable=protected-access
     trainer._init_params()  # pylint: disable=protected-access
     mx.nd.waitall()
