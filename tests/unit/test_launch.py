@@ -1,0 +1,134 @@
+import argparse
+import os
+import sys
+import time
+
+import pytest
+
+from hvdtrain.config import ConfigError
+from hvdtrain.hostfile import Host, HostfileError, parse_hosts, read_hostfile
+from hvdtrain.launch import mpi_argv, parse_args, plan, remote_argv, scheduler_address
+from hvdtrain.remote import exit_status, mpi_role
+from hvdtrain.supervise import Job, Member
+
+
+def test_hostfile_formats_and_comments():
+    text = "# cluster\nd1 slots=4\nd2:2   # two GPUs\n\n10.0.0.3\nd4 slots=2 max_slots=2\n"
+    assert parse_hosts(text) == [Host("d1", 4), Host("d2", 2), Host("10.0.0.3", 1),
+                                 Host("d4", 2)]
+
+
+@pytest.mark.parametrize("text,needle", [("d1 slots=four\n", "hf:1: cannot read"),
+                                         ("ok\nd1:2 slots=3\n", "hf:2"),
+                                         ("d1:0\n", "at least 1"),
+                                         ("# nothing\n", "lists no hosts")])
+def test_malformed_hostfiles_name_the_line(text, needle):
+    with pytest.raises(HostfileError, match=needle):
+        parse_hosts(text, "hf")
+
+
+def test_missing_hostfile(tmp_path):
+    with pytest.raises(HostfileError, match="cannot read hostfile"):
+        read_hostfile(str(tmp_path / "nope"))
+
+
+def test_parse_args_defaults():
+    args = parse_args(["-n", "3", "hvdtrain", "--epochs", "1"])
+    assert (args.num_servers, args.launcher, args.command) == (3, "local",
+                                                               ["hvdtrain", "--epochs", "1"])
+    assert parse_args(["-n", "1", "-H", "hf", "x"]).launcher == "ssh"
+    with pytest.raises(ConfigError):
+        parse_args(["-n", "2"])
+
+
+def _args(**kw):
+    base = dict(num_workers=3, num_servers=2, interface=None, env=[], env_server=[],
+                env_worker=[], ssh_port=None, ssh_identity_file=None, command=["train"])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_plan_one_scheduler_servers_and_workers_round_robin():
+    hosts = [Host("127.0.0.2", 2), Host("127.0.0.3", 2)]
+    procs = plan(_args(env_worker=[("A", "1")], env_server=[("B", "2")]), hosts, "127.0.0.1",
+                 9000)
+    roles = [(p["role"], p["index"], p["host"] and p["host"].address) for p in procs]
+    assert roles == [("scheduler", 0, None), ("server", 0, "127.0.0.2"),
+                     ("server", 1, "127.0.0.3"), ("worker", 0, "127.0.0.2"),
+                     ("worker", 1, "127.0.0.3"), ("worker", 2, "127.0.0.2")]
+    for p in procs:
+        env = p["env"]
+        assert (env["DMLC_ROLE"], env["DMLC_PS_ROOT_URI"], env["DMLC_PS_ROOT_PORT"]) == \
+            (p["role"], "127.0.0.1", "9000")
+        assert (env["DMLC_NUM_SERVER"], env["DMLC_NUM_WORKER"]) == ("2", "3")
+        assert env["DMLC_NODE_HOST"] == (p["host"].address if p["host"] else "127.0.0.1")
+        assert ("A" in env) == (p["role"] == "worker") and ("B" in env) == (p["role"] == "server")
+    workers = [p["env"] for p in procs if p["role"] == "worker"]
+    assert [(w["HVDTRAIN_LOCAL_RANK"], w["HVDTRAIN_LOCAL_SIZE"]) for w in workers] == \
+        [("0", "2"), ("0", "1"), ("1", "2")]
+
+
+def test_interface_replaces_node_host():
+    procs = plan(_args(interface="eth7"), [], "127.0.0.1", 1)
+    assert all(p["env"]["DMLC_INTERFACE"] == "eth7" and "DMLC_NODE_HOST" not in p["env"]
+               for p in procs)
+
+
+def test_remote_command_runs_in_the_workdir_and_dies_with_ssh():
+    proc = plan(_args(ssh_port=2222, ssh_identity_file="/k"), [Host("h1")], "10.0.0.1", 5)[-1]
+    argv = remote_argv(_args(ssh_port=2222, ssh_identity_file="/k"), proc, ["train", "a b"],
+                       "/work dir")
+    assert argv[:1] == ["ssh"] and ["-p", "2222"] == argv[argv.index("-p"):argv.index("-p") + 2]
+    assert argv[-2] == "h1"
+    assert argv[-1].startswith("cd '/work dir' && exec ") and "--watch-stdin" in argv[-1]
+    assert "'a b'" in argv[-1] and "--env=DMLC_ROLE=worker" in argv[-1]
+
+
+def test_scheduler_address():
+    assert scheduler_address([Host("127.0.0.2")]) == "127.0.0.1"
+    assert scheduler_address([Host("d1")], override="10.1.1.1") == "10.1.1.1"
+
+
+def test_mpi_roles_and_command():
+    assert [mpi_role(r, 2) for r in range(5)] == [("scheduler", 0), ("server", 0), ("server", 1),
+                                                   ("worker", 0), ("worker", 1)]
+    argv = mpi_argv(_args(), [], 7000)
+    assert argv[argv.index("-np") + 1] == "6" and argv[-2:] == ["--", "train"]
+    assert "--mpi-role" in argv and "--node-host" in argv
+
+
+def test_exit_status():
+    assert exit_status(0) == 0 and exit_status(3) == 3 and exit_status(-9) == 137
+
+
+def _py(code):
+    return [sys.executable, "-c", code]
+
+
+def test_job_fails_fast_and_kills_the_rest(tmp_path):
+    import io
+    out = io.BytesIO()
+    pidfile = tmp_path / "pid"
+    job = Job([Member("worker 0", _py(f"import os,time; open('{pidfile}','w').write(str("
+                                      f"os.getpid())); time.sleep(60)")),
+               Member("worker 1", _py("import time,sys; time.sleep(1); print('bye'); "
+                                      "sys.exit(3)")),
+               Member("server 0", _py("import time; time.sleep(60)"), essential=False)],
+              out=out)
+    start = time.monotonic()
+    assert job.run() == 3
+    assert time.monotonic() - start < 20
+    text = out.getvalue().decode()
+    assert "[worker 1] bye" in text and "worker 1 exited with status 3" in text
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pidfile.read_text()), 0)
+
+
+def test_job_succeeds_when_workers_finish_and_stops_lingering_servers():
+    import io
+    job = Job([Member("worker 0", _py("print('done')")),
+               Member("server 0", _py("import time; time.sleep(60)"), essential=False)],
+              linger=0.5, out=io.BytesIO())
+    start = time.monotonic()
+    assert job.run() == 0
+    assert time.monotonic() - start < 20
