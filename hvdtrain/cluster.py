@@ -1,0 +1,136 @@
+"""Check that every host of a hostfile can run an hvdtrain job (``scripts/check-cluster.sh``).
+
+For each host: passwordless ssh works; the Python that runs here exists at the same path
+there, with the same hvdtrain (same install path), mxnet and horovod versions;
+``import horovod.mxnet; hvd.init()`` succeeds (``horovodrun --check-build`` only reports how
+Horovod was built, not whether it loads against the installed MXNet); and how many GPUs
+MXNet sees. Prints one table; exits 1 if any host fails, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Dict, List
+
+from .config import ConfigError
+from .hostfile import read_hostfile
+
+PROBE = r"""
+import json, os, sys
+out = {"python": sys.executable}
+try:
+    import hvdtrain
+    out["hvdtrain"] = hvdtrain.__version__
+    out["hvdtrain_path"] = os.path.dirname(hvdtrain.__file__)
+    import mxnet
+    out["mxnet"] = mxnet.__version__
+    out["gpus"] = mxnet.context.num_gpus()
+    import horovod
+    out["horovod"] = horovod.__version__
+    import horovod.mxnet as hvd
+    hvd.init()
+    out["hvd_init"] = "ok"
+except Exception as err:
+    out["error"] = "%s: %s" % (type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+print("HVDTRAIN-PROBE " + json.dumps(out))
+"""
+
+COLUMNS = ("host", "ssh", "hvdtrain", "mxnet", "horovod", "hvd.init", "GPUs", "status")
+
+
+def probe_command(python: str) -> List[str]:
+    return [python, "-c", PROBE]
+
+
+def parse_probe(output: str) -> Dict:
+    for line in output.splitlines():
+        if line.startswith("HVDTRAIN-PROBE "):
+            return json.loads(line[len("HVDTRAIN-PROBE "):])
+    return {}
+
+
+def ssh_command(host: str, port, key, command: List[str]) -> List[str]:
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+           "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+           "-o", "LogLevel=ERROR"]
+    if port:
+        cmd += ["-p", str(port)]
+    if key:
+        cmd += ["-i", key]
+    return cmd + [host, " ".join(_quote(a) for a in command)]
+
+
+def _quote(arg: str) -> str:
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+def check_host(host: str, expected: Dict, port=None, key=None, timeout=120) -> Dict:
+    """One table row for `host`, compared against this machine's `expected` probe."""
+    row = dict.fromkeys(COLUMNS, "-")
+    row["host"] = host
+    try:
+        proc = subprocess.run(ssh_command(host, port, key, probe_command(expected["python"])),
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        row.update(ssh="timeout", status=f"FAIL: no answer in {timeout}s")
+        return row
+    if proc.returncode == 255:
+        row.update(ssh="FAIL", status="FAIL: " + (proc.stderr.strip().splitlines() or
+                                                  ["ssh failed"])[-1])
+        return row
+    row["ssh"] = "ok"
+    found = parse_probe(proc.stdout)
+    if not found:
+        row["status"] = (f"FAIL: {expected['python']} did not run there: "
+                         + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+        return row
+    row.update(hvdtrain=found.get("hvdtrain", "-"), mxnet=found.get("mxnet", "-"),
+               horovod=found.get("horovod", "-"), GPUs=str(found.get("gpus", "-")))
+    row["hvd.init"] = found.get("hvd_init", "FAIL")
+    problems = []
+    if "error" in found:
+        problems.append(found["error"])
+    for name in ("hvdtrain", "mxnet", "horovod", "hvdtrain_path"):
+        if name in found and found[name] != expected.get(name):
+            problems.append(f"{name} {found[name]} here is {expected.get(name)} locally")
+    row["status"] = "FAIL: " + "; ".join(problems) if problems else "ok"
+    return row
+
+
+def format_table(rows: List[Dict]) -> str:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="check-cluster.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("-p", "--ssh-port", type=int)
+    p.add_argument("-i", "--ssh-identity-file")
+    p.add_argument("hostfile")
+    args = p.parse_args(argv)
+    try:
+        hosts = read_hostfile(args.hostfile)
+    except ConfigError as err:
+        print(f"check-cluster: error: {err}", file=sys.stderr)
+        return 2
+    local = subprocess.run(probe_command(sys.executable), capture_output=True, text=True)
+    expected = parse_probe(local.stdout)
+    if "error" in expected or "hvd_init" not in expected:
+        print(f"check-cluster: error: this machine fails its own check: "
+              f"{expected.get('error', local.stderr.strip()[-200:])}", file=sys.stderr)
+        return 1
+    rows = [check_host(h.address, expected, args.ssh_port, args.ssh_identity_file)
+            for h in hosts]
+    print(format_table(rows))
+    failed = [r["host"] for r in rows if r["status"] != "ok"]
+    print(f"{len(rows) - len(failed)} of {len(rows)} hosts ready"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Check every host of a hostfile before a multi-host run:
+#   scripts/check-cluster.sh [-p SSH_PORT] [-i SSH_KEY] HOSTFILE
+# For each host: passwordless ssh, the same Python path with the same hvdtrain (same
+# install path), mxnet and horovod versions, `import horovod.mxnet; hvd.init()` working, and
+# the number of visible GPUs. Prints a table; exits non-zero if any host fails.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+python=${HVDTRAIN_PYTHON:-}
+if [ -z "$python" ]; then
+  if [ -x "$here/.venv/bin/python" ]; then python="$here/.venv/bin/python"; else python=python3; fi
+fi
+exec "$python" -m hvdtrain.cluster "$@"
