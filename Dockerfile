@@ -17,7 +17,9 @@ ENV DEBIAN_FRONTEND=noninteractive \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # NCCL for Horovod's GPU allreduce (matching CUDA 11.2); a compiler and Python headers to build
-# Horovod. Open MPI, sshd and rsync come from install-deps.sh below.
+# Horovod. Open MPI, sshd and rsync come from install-deps.sh below. Only NCCL is pinned: it
+# must match CUDA 11.2; the rest follow the base image's Ubuntu release.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends --allow-change-held-packages \
         libnccl2=2.8.4-1+cuda11.2 libnccl-dev=2.8.4-1+cuda11.2 \
