@@ -3,7 +3,6 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
-NP ?= 2
 
 .PHONY: install demo test test-unit test-dist bench clean
 
@@ -11,7 +10,7 @@ install:
 	bash scripts/install-deps.sh --venv $(VENV)
 
 demo: install
-	$(BIN)/horovodrun -np $(NP) -H localhost:$(NP) $(BIN)/hvdtrain --dataset digits --no-cuda \
+	$(BIN)/horovodrun -np 2 --hostfile hostfiles/localhost.hostfile $(BIN)/hvdtrain --dataset digits --no-cuda \
 	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir runs/demo
 
 test: install
