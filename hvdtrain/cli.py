@@ -16,16 +16,21 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from . import config as cfgmod
-from .checkpoint import save_params
+import mxnet as mx
+
+from .checkpoint import Checkpointer, CheckpointError, read_meta, resolve_resume, restore, save_params
 from .config import ConfigError, TrainConfig
 from .data import load_dataset
 from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
 from .log import MetricsWriter, setup_logging
 from .models import build_model
-from .train import broadcast_parameters, build_trainer, fit, initialize
+from .guard import NonFiniteLoss
+from .train import TrainState, broadcast_parameters, build_trainer, fit, initialize
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+logger = logging.getLogger("hvdtrain")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED = 0, 1, 2, 3
 
 EXAMPLES = """examples:
   hvdtrain --dataset digits --no-cuda --epochs 5
@@ -115,7 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--gpus-per-worker", type=int,
                       help="each worker drives this many GPUs, picked by its local rank")
     out = p.add_argument_group("output")
-    out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl and model.params")
+    out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl, checkpoints/ and "
+                                          "model.params")
+    out.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                     help="save a checkpoint every N epochs, and after the last "
+                          "(default: %(default)s)")
+    out.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
+                     help="keep the newest K checkpoints (default: %(default)s)")
+    out.add_argument("--resume", help="'auto' (newest checkpoint in --output-dir, or start "
+                                      "fresh) or a checkpoint path")
+    out.add_argument("--finite-check-every", type=int, default=d.finite_check_every,
+                     help="check every N steps that no rank's loss is NaN or infinite "
+                          "(default: %(default)s)")
     out.add_argument("--log-interval", type=int, default=d.log_interval,
                      help="log every N steps within an epoch, 0 for epoch lines only "
                           "(default: %(default)s)")
@@ -149,34 +165,80 @@ class Run:
     result: dict
 
 
+def build_dist(cfg: TrainConfig) -> DistContext:
+    """Create the store (``hvd.init()`` happens here for Horovod) and read the layout."""
+    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
+    return DistContext.from_store(create_store(cfg.kvstore, **options))
+
+
+def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Checkpointer:
+    """Rank 0's checkpoint writer (a no-op elsewhere, or without --output-dir)."""
+    meta = {"config": cfg.to_dict(), "model": cfg.model_name, "dataset": cfg.dataset,
+            "num_workers": dist.num_workers, "global_batch": worker_batch * dist.num_workers,
+            "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
+    return Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
+                        enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
+
+
+def resume_state(path: Optional[str], net, trainer, devices, dist: DistContext,
+                 worker_batch: int) -> TrainState:
+    """Load checkpoint `path` on this rank and return where training continues.
+
+    Every rank loads the same files (the checkpoint must be visible to all of them); the
+    ranks first agree that they found the same checkpoint, since a rank that loads nothing
+    would meet the others at a different collective and hang.
+    """
+    found = read_meta(path)["epoch"] + 1 if path else 0
+    total = dist.sum_across_workers("resume_check", mx.nd.array([found]))
+    if int(total.asscalar()) != found * dist.num_workers:
+        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
+                              f"{path or 'none'}); is the output folder shared by all ranks?")
+    if not path:
+        logger.info("no checkpoint to resume from: starting fresh")
+        return TrainState()
+    meta = restore(path, net, trainer, devices)
+    global_batch = worker_batch * dist.num_workers
+    if meta.get("global_batch") not in (None, global_batch):
+        logger.warning("resuming with a global batch of %d instead of %d (%d workers instead "
+                       "of %s): steps per epoch change, --lr now applies to the new global "
+                       "batch", global_batch, meta["global_batch"], dist.num_workers,
+                       meta.get("num_workers"))
+    logger.info("resumed from %s: epoch %d, step %d", path, meta["epoch"], meta["step"])
+    return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]))
+
+
 def train(cfg: TrainConfig, devices=None) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it).
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
     """
     setup_logging(rank=0)
+    resume_from = resolve_resume(cfg.resume, cfg.output_dir)
     data = load_dataset(cfg.dataset, cfg.data_dir)
     net = build_model(cfg.model_name, data.num_classes)
-    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
-    dist = DistContext.from_store(create_store(cfg.kvstore, **options))
-    log = setup_logging(dist.rank)
+    dist = build_dist(cfg)
+    setup_logging(dist.rank)
     threads = share_cpu_threads(dist.local_size)
     if threads:
-        log.info("%d workers share this host: %d OpenMP threads each", dist.local_size, threads)
+        logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
+                    threads)
     if cfg.output_dir and dist.is_root:
         _check_output_dir(cfg.output_dir)
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
+    worker_batch = cfg.batch_size * len(devices)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
     trainer = build_trainer(net, cfg, dist)
-    worker_batch = cfg.batch_size * len(devices)
+    state = resume_state(resume_from, net, trainer, devices, dist, worker_batch) \
+        if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
-    result = fit(net, trainer, data, devices, dist, cfg, MetricsWriter(metrics_path, dist.is_root))
+    result = fit(net, trainer, data, devices, dist, cfg, MetricsWriter(metrics_path, dist.is_root),
+                 build_checkpointer(cfg, dist, worker_batch), state)
     if cfg.output_dir and dist.is_root:
-        log.info("parameters saved to %s",
-                 save_params(net, os.path.join(cfg.output_dir, "model.params")))
+        logger.info("parameters saved to %s",
+                    save_params(net, os.path.join(cfg.output_dir, "model.params")))
     return Run(net, trainer, dist, result)
 
 
@@ -188,11 +250,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as err:
         print(f"hvdtrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except NonFiniteLoss as err:
+        logger.error("%s", err)
+        return EXIT_DIVERGED
     except KeyboardInterrupt:
         print("hvdtrain: interrupted", file=sys.stderr)
         return 130
     except Exception:  # pylint: disable=broad-except
-        logging.getLogger("hvdtrain").exception("training failed")
+        logger.exception("training failed")
         return EXIT_FAILED
     return EXIT_OK
 

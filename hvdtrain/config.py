@@ -67,6 +67,10 @@ class TrainConfig:
     fp16_allreduce: bool = False
     gpus: Tuple[int, ...] = field(default_factory=tuple)
     gpus_per_worker: Optional[int] = None
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 3
+    resume: Optional[str] = None
+    finite_check_every: int = 10
 
     def __post_init__(self):
         validate(self)
@@ -114,7 +118,7 @@ def _one_of(cfg, name, choices):
 def validate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
     _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor",
-              "gpus_per_worker")
+              "gpus_per_worker", "checkpoint_every", "keep_checkpoints", "finite_check_every")
     _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
                   "seed")
     _one_of(cfg, "kvstore", KVSTORES)
@@ -125,6 +129,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.dataset == "cifar10" and not cfg.data_dir:
         raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
                           "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
+    if cfg.resume == "auto" and not cfg.output_dir:
+        raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
     if cfg.gpus and cfg.gpus_per_worker:
         raise ConfigError("give either --gpus or --gpus-per-worker, not both")
     if any(g < 0 for g in cfg.gpus):

@@ -7,12 +7,21 @@ MXNet 1.9.1 ships no Horovod store, so Gluon's ``Trainer`` cannot use Horovod di
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreBase
 
 NATIVE_STORES = ("local", "device", "dist_sync", "dist_device_sync", "dist_async")
+
+# Horovod's defaults warn about a stalled collective after 60 s and never stop: a job with a
+# lost rank would hang forever. These make it fail instead; set any of them to override.
+HOROVOD_FAIL_FAST_DEFAULTS = {
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "30",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "60",
+}
 
 
 def _as_list(value):
@@ -42,6 +51,8 @@ class HorovodKVStore(KVStoreBase):
 
         if compression not in ("none", "fp16"):
             raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
+        for name, value in HOROVOD_FAIL_FAST_DEFAULTS.items():
+            os.environ.setdefault(name, value)  # read by hvd.init()
         hvd.init()
         self._hvd = hvd
         self._compression = hvd.Compression.fp16 if compression == "fp16" \

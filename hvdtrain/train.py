@@ -15,10 +15,12 @@ from typing import Callable, Optional
 import mxnet as mx
 from mxnet import autograd, gluon
 
+from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
-from .evaluate import tally_batch, evaluate
+from .evaluate import evaluate, tally_batch
+from .guard import FiniteGuard
 from .loader import BatchLoader
 from .log import MetricsWriter
 from .sampler import SplitSampler
@@ -98,7 +100,8 @@ def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
     # Trainer has no public hook for "set up the store now"; these calls are exactly what
     # its first step() would run.
     trainer._check_and_rescale_grad(trainer._scale / batch_size)  # pylint: disable=protected-access
-    trainer._init_kvstore()  # pylint: disable=protected-access
+    if not trainer._kv_initialized:  # pylint: disable=protected-access
+        trainer._init_kvstore()  # pylint: disable=protected-access
     trainer._init_params()  # pylint: disable=protected-access
     mx.nd.waitall()
 
@@ -118,48 +121,66 @@ def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext, num_device
             BatchLoader(data.test_x, data.test_y, test_sampler, worker_batch, **common))
 
 
-def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainState,
-                lr_for_step: Callable[[int], float], max_steps: Optional[int],
-                log_interval: int) -> EpochStats:
+@dataclass
+class Loop:
+    """What every step of a run uses: the model, its trainer and where it runs."""
+
+    net: object
+    trainer: gluon.Trainer
+    devices: list
+    dist: DistContext
+    lr_for_step: Callable[[int], float]
+    guard: FiniteGuard
+    max_steps: Optional[int] = None
+    log_interval: int = 0
+
+
+def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     """Run one epoch (or until `max_steps`) and return its totals over all ranks
     (this rank's own under ``dist_async``).
 
-    Loss and accuracy accumulate on the device; the host reads them only at log intervals
-    and at the end of the epoch, so steps are not serialised by host syncs.
+    Loss and accuracy accumulate on the device; the host reads them only at log intervals,
+    finite checks and the end of the epoch, so steps are not serialised by host syncs.
     """
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    device = devices[0]
-    nominal_batch = loader.batch_size
+    dist, device = loop.dist, loop.devices[0]
     correct = mx.nd.zeros(1, ctx=device)
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
-        if max_steps is not None and state.step >= max_steps:
+        if loop.max_steps is not None and state.step >= loop.max_steps:
             break
-        trainer.set_learning_rate(lr_for_step(state.step))
-        xs = gluon.utils.split_and_load(mx.nd.array(images), devices, even_split=False)
-        ys = gluon.utils.split_and_load(mx.nd.array(labels), devices, even_split=False)
+        # The schedule follows the position in the epoch, so it does not depend on how
+        # many workers earlier epochs ran with (a resumed run may have a different count).
+        loop.trainer.set_learning_rate(
+            loop.lr_for_step(state.epoch * len(loader) + batch - 1))
+        xs = gluon.utils.split_and_load(mx.nd.array(images), loop.devices, even_split=False)
+        ys = gluon.utils.split_and_load(mx.nd.array(labels), loop.devices, even_split=False)
         with autograd.record():
-            outs = [net(x) for x in xs]
+            outs = [loop.net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
         autograd.backward(losses)
         if dist.synchronous:
-            trainer.step(len(labels) * dist.num_workers)
+            loop.trainer.step(len(labels) * dist.num_workers)
         else:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
             # first step: a short last batch is scaled as a full one.
-            trainer.step(nominal_batch)
+            loop.trainer.step(loader.batch_size)
         batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
         correct += batch_correct
         loss_sum += batch_loss
         samples += len(labels)
         state.step += 1
-        if log_interval and batch % log_interval == 0 and logger.isEnabledFor(logging.INFO):
+        loop.guard.observe(batch_loss, state.step)
+        loop.guard.check(state.step)
+        if loop.log_interval and batch % loop.log_interval == 0 and \
+                logger.isEnabledFor(logging.INFO):
             elapsed = time.perf_counter() - start
             logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
                         batch, len(loader), loss_sum.asscalar() / samples,
                         samples * dist.num_workers / elapsed)
+    loop.guard.check(state.step, force=True)
     totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
     totals.wait_to_read()
     seconds = time.perf_counter() - start
@@ -171,8 +192,10 @@ def train_epoch(net, trainer, loader, devices, dist: DistContext, state: TrainSt
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
-        metrics: MetricsWriter, state: Optional[TrainState] = None) -> dict:
-    """Train for ``cfg.epochs`` epochs, evaluating after each; return the final figures."""
+        metrics: MetricsWriter, checkpointer: Optional[Checkpointer] = None,
+        state: Optional[TrainState] = None) -> dict:
+    """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
+    each and checkpointing as `checkpointer` says; return the final figures."""
     state = state or TrainState()
     train_loader, test_loader = build_loaders(data, cfg, dist, len(devices))
     steps_per_epoch = len(train_loader)
@@ -182,20 +205,23 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
                      cfg.lr_decay_factor)
 
+    loop = Loop(net, trainer, devices, dist, lr_for_step,
+                FiniteGuard(dist, devices[0], cfg.finite_check_every), cfg.max_steps,
+                cfg.log_interval)
     logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
                 train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,
                 cfg.lr_scaling, cfg.kvstore)
     metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
-                  steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices])
+                  steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices],
+                  start_epoch=state.epoch, start_step=state.step)
     run_start = time.perf_counter()
     result = None
     while state.epoch < cfg.epochs:
         epoch = state.epoch
         train_loader.sampler.set_epoch(epoch)
-        stats = train_epoch(net, trainer, train_loader, devices, dist, state, lr_for_step,
-                            cfg.max_steps, cfg.log_interval)
+        stats = train_epoch(loop, train_loader, state)
         result = evaluate(net, test_loader, devices, dist)
         state.epoch += 1
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
@@ -206,7 +232,11 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                       test_loss=result.loss, samples_per_sec=stats.samples_per_sec,
                       epoch_time=stats.seconds, lr=trainer.learning_rate,
                       num_workers=dist.num_workers, batch_size=cfg.batch_size)
-        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+        stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if checkpointer is not None:
+            checkpointer.after_epoch(net, trainer, state,
+                                     last=stopping or state.epoch == cfg.epochs)
+        if stopping:
             break
     total_time = time.perf_counter() - run_start
     test_acc = result.accuracy if result else None
