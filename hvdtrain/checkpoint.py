@@ -132,9 +132,13 @@ def prune(folder: str, keep: int) -> None:
     for old in complete_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for entry in os.listdir(folder):
-        if entry.startswith((".tmp-epoch-", ".old-epoch-")) and \
+        if entry.startswith((".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")) and \
                 not entry.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+            leftover = os.path.join(folder, entry)
+            if os.path.isdir(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                os.remove(leftover)
 
 
 def is_complete(path: str) -> bool:
