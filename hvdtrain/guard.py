@@ -46,6 +46,6 @@ class FiniteGuard:
         if firsts:
             first = min(firsts.values())
             ranks = sorted(r for r, s in firsts.items() if s == first)
-            raise NonFiniteLoss(f"non-finite loss at step {first + 1} on rank "
+            raise NonFiniteLoss(f"non-finite loss at step {first} on rank "
                                 f"{', '.join(map(str, ranks))}; all ranks stopped at step "
                                 f"{step} (no checkpoint written from these parameters)")
