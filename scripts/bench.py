@@ -1,0 +1,110 @@
+"""`make bench`: hvdtrain against the plain Horovod loop, measured in one run on this machine.
+
+For each loop (plain, hvdtrain) and data (synthetic; CIFAR-format binary files generated here,
+with augmentation): one rank alone, two ranks under horovodrun, and two independent one-rank
+processes at the same time (the denominator of scaling efficiency). Then an instrumented
+two-rank run for the share of step time spent in the gradient exchange, and an allreduce
+microbenchmark. Prints one table and writes it as JSON (--json, default bench.json).
+Every process runs with one OpenMP thread, as in the figures the issue quotes.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.dirname(sys.executable)
+WORKER = [sys.executable, os.path.join(HERE, "bench_worker.py")]
+
+
+def horovodrun(np_):
+    return [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
+
+
+def collect(procs, timeout=900):
+    """Wait for `procs`; return the BENCH records they printed."""
+    records = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=timeout)
+        lines = [l for l in out.splitlines() if "BENCH " in l]
+        if proc.returncode != 0 or not lines:
+            sys.exit(f"bench: a run failed:\n{out[-3000:]}")
+        records += [json.loads(l.split("BENCH ", 1)[1]) for l in lines]
+    return records
+
+
+def start(cmd, env):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+
+
+def measure(impl, data, extra, env):
+    """Figures for one loop on one kind of data."""
+    args = ["--impl", impl, "--data", data] + extra
+    alone = collect([start(WORKER + args, env)])[0]
+    together = collect([start(horovodrun(2) + WORKER + args, env)])
+    independent = collect([start(WORKER + args, env) for _ in range(2)])
+    shares = collect([start(horovodrun(2) + WORKER + args + ["--instrument"], env)])
+    two = sum(r["img_per_sec"] for r in together)
+    return {
+        "impl": impl, "data": data,
+        "img_per_sec_1": alone["img_per_sec"],
+        "img_per_sec_2": two,
+        "img_per_sec_per_rank_2": two / 2,
+        "independent_2": sum(r["img_per_sec"] for r in independent),
+        "scaling_efficiency": two / sum(r["img_per_sec"] for r in independent),
+        "allreduce_share": max(r["allreduce_share"] for r in shares),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in together),
+    }
+
+
+def table(rows):
+    head = ("loop", "data", "img/s 1 rank", "img/s 2 ranks", "per rank", "2 independent",
+            "scaling eff.", "allreduce share", "peak RSS MB")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        lines.append(" | ".join([r["impl"], r["data"], f"{r['img_per_sec_1']:.0f}",
+                                 f"{r['img_per_sec_2']:.0f}", f"{r['img_per_sec_per_rank_2']:.0f}",
+                                 f"{r['independent_2']:.0f}", f"{r['scaling_efficiency']:.2f}",
+                                 f"{r['allreduce_share']:.0%}", f"{r['peak_rss_mb']:.0f}"]))
+    return "\n".join("| " + l + " |" for l in lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--model", default="resnet18_v1")
+    p.add_argument("--json", default="bench.json")
+    p.add_argument("--quick", action="store_true", help="fewer steps, for a smoke test")
+    args = p.parse_args()
+    steps = 6 if args.quick else args.steps
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
+    with tempfile.TemporaryDirectory() as tmp:
+        from hvdtrain.data import write_cifar_files
+        write_cifar_files(tmp, num_train=4096, num_test=64)
+        common = ["--steps", str(steps), "--model", args.model, "--data-dir", tmp]
+        rows = [measure(impl, data, common, env)
+                for data in ("synthetic", "cifar") for impl in ("plain", "hvdtrain")]
+        micro = collect([start(horovodrun(2) + [sys.executable,
+                                                os.path.join(HERE, "bench_allreduce.py")],
+                               env)])
+    for row in rows:
+        print(json.dumps(row))
+    print()
+    print(table(rows))
+    print()
+    print("allreduce bus bandwidth, 2 ranks (MB/s): bytes | store pushpull | raw hvd.allreduce_")
+    rank0 = [r for r in micro if r["rank"] == 0][0]
+    for size, store_bw, raw_bw in rank0["results"]:
+        print(f"  {size / 2**20:7.1f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
+              f"ratio {store_bw / raw_bw:.2f}")
+    with open(args.json, "w") as out:
+        json.dump({"rows": rows, "allreduce": rank0["results"], "steps": steps,
+                   "model": args.model}, out, indent=1)
+    print(f"\nwritten to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Allreduce microbenchmark: the store's pushpull against a raw horovod.mxnet.allreduce_ of
+the same bytes. Run under horovodrun; rank 0 prints one BENCH line.
+
+Bus bandwidth = 2 (n - 1) / n x bytes / seconds, the figure NCCL's tests report: what each
+link carries in a ring allreduce.
+"""
+import json
+import os
+import time
+
+import mxnet as mx
+
+import hvdtrain
+
+SIZES_MB = (0.25, 1, 4, 16, 44)  # 44 MiB: all of ResNet-18's gradients
+REPEATS = 10
+
+
+def timed(op, tensor):
+    op(tensor)
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(REPEATS):
+        op(tensor)
+    mx.nd.waitall()
+    return (time.perf_counter() - start) / REPEATS
+
+
+def main():
+    store = hvdtrain.create_store("horovod")
+    hvd = store._hvd  # pylint: disable=protected-access
+    n = store.num_workers
+    results = []
+    for size_mb in SIZES_MB:
+        count = int(size_mb * 2**20 / 4)
+        tensor = mx.nd.ones(count)
+        nbytes = count * 4
+        store_s = timed(lambda t: store.pushpull(f"bench{size_mb}", t), tensor)
+        raw_s = timed(lambda t: hvd.allreduce_(t, op=hvd.Sum, name=f"raw{size_mb}"), tensor)
+        bus = lambda s: 2 * (n - 1) / n * nbytes / s / 2**20  # noqa: E731
+        results.append((nbytes, bus(store_s), bus(raw_s)))
+    print("BENCH " + json.dumps({"rank": store.rank, "results": results}), flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""One process of a benchmark run; prints one JSON line with its figures.
+
+    python scripts/bench_worker.py --impl plain|hvdtrain --data synthetic|cifar [...]
+
+Run alone (one rank) or under horovodrun (several). ``plain`` is the loop Horovod's and
+MXNet's examples teach, kept here as the comparison point: ``hvd.DistributedTrainer`` on an
+imperative (not hybridized) model, Gluon's DataLoader with per-sample transforms, and the
+accuracy metric updated every batch. ``hvdtrain`` is this package's loop.
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+from mxnet.gluon.data.vision import transforms
+
+import horovod.mxnet as hvd
+import hvdtrain
+from hvdtrain import TrainConfig
+from hvdtrain.data import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
+from hvdtrain.dist import DistContext, share_cpu_threads
+from hvdtrain.guard import FiniteGuard
+from hvdtrain.train import Loop, TrainState, train_epoch
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=("plain", "hvdtrain"), required=True)
+    p.add_argument("--data", choices=("synthetic", "cifar"), required=True)
+    p.add_argument("--data-dir")
+    p.add_argument("--model", default="resnet18_v1")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--instrument", action="store_true",
+                   help="wait after backward and after the allreduce to time the exchange")
+    p.add_argument("--fp16-allreduce", action="store_true")
+    return p.parse_args()
+
+
+def dataset(args):
+    if args.data == "cifar":
+        return load_cifar10(args.data_dir)
+    return make_synthetic(num_train=4096, num_test=64)
+
+
+def plain_loop(args, data):
+    """The examples' loop: per-sample transforms, DistributedTrainer, no hybridize."""
+    hvd.init()
+    ctx = mx.cpu()
+    net = gluon.model_zoo.vision.get_model(args.model, classes=10)
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx))
+    params = net.collect_params()
+    hvd.broadcast_parameters(params, root_rank=0)
+    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": 0.01, "momentum": 0.9,
+                                                     "wd": 1e-4}, compression=compression)
+    augment = [transforms.RandomCrop(32, pad=4), transforms.RandomFlipLeftRight()] \
+        if data.augment else []
+    transform = transforms.Compose(augment + [transforms.ToTensor(),
+                                              transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
+    images = mx.nd.array(data.train_x.transpose(0, 2, 3, 1), dtype=np.uint8)  # HWC, as files
+    train = gluon.data.ArrayDataset(images, data.train_y.astype(np.float32))
+    sampler = hvdtrain.SplitSampler(len(train), hvd.size(), hvd.rank(), shuffle=True)
+    loader = gluon.data.DataLoader(train.transform_first(transform), args.batch_size,
+                                   sampler=sampler, last_batch="discard")
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    metric = mx.metric.Accuracy()
+    timings = []
+    batches = iter(loader)
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        x, y = next(batches)
+        x, y = x.as_in_context(ctx), y.as_in_context(ctx)
+        with autograd.record():
+            out = net(x)
+            loss = loss_fn(out, y)
+        loss.backward()
+        if args.instrument:
+            mx.nd.waitall()
+            computed = time.perf_counter()
+            trainer.allreduce_grads()
+            mx.nd.waitall()
+            reduced = time.perf_counter()
+            trainer.update(args.batch_size)
+        else:
+            trainer.step(args.batch_size)
+        metric.update([y], [out])  # reads the output: a host sync every batch
+        mx.nd.waitall()
+        if step >= args.warmup:
+            end = time.perf_counter()
+            timings.append((end - start, (reduced - computed) if args.instrument else 0.0))
+    return hvd.rank(), hvd.size(), timings
+
+
+def hvdtrain_loop(args, data):
+    """hvdtrain's own loop (train_epoch) on its store, loader and hybridized model."""
+    store = hvdtrain.create_store("horovod", compression="fp16" if args.fp16_allreduce
+                                  else "none")
+    dist = DistContext.from_store(store)
+    share_cpu_threads(dist.local_size)
+    cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
+                      data_workers=2, seed=0)
+    net = hvdtrain.build_model(args.model, data.num_classes)
+    devices = [mx.cpu()]
+    hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank)
+    trainer = hvdtrain.build_trainer(net, cfg, dist)
+    hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
+    train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
+    loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
+                log_interval=0)
+    state = TrainState()
+    if args.instrument:
+        return dist.rank, dist.num_workers, instrumented(loop, train_loader, args)
+    loop.max_steps = args.warmup
+    train_epoch(loop, train_loader, state)
+    loop.max_steps = args.warmup + args.steps
+    stats = train_epoch(loop, train_loader, state)
+    per_step = stats.seconds / args.steps
+    return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps
+
+
+def instrumented(loop, loader, args):
+    """hvdtrain's step, split by waits into compute and gradient exchange."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    timings = []
+    batches = iter(loader)
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        images, labels = next(batches)
+        x, y = mx.nd.array(images), mx.nd.array(labels)
+        with autograd.record():
+            loss = loss_fn(loop.net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+        computed = time.perf_counter()
+        loop.trainer.allreduce_grads()
+        mx.nd.waitall()
+        reduced = time.perf_counter()
+        loop.trainer.update(len(labels) * loop.dist.num_workers)
+        mx.nd.waitall()
+        if step >= args.warmup:
+            timings.append((time.perf_counter() - start, reduced - computed))
+    return timings
+
+
+def main():
+    args = parse()
+    data = dataset(args)
+    run = plain_loop if args.impl == "plain" else hvdtrain_loop
+    rank, size, timings = run(args, data)
+    step_time = sum(t for t, _ in timings)
+    print("BENCH " + json.dumps({
+        "impl": args.impl, "data": args.data, "rank": rank, "ranks": size,
+        "img_per_sec": args.batch_size * len(timings) / step_time,
+        "allreduce_share": sum(a for _, a in timings) / step_time,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "omp_threads": os.environ.get("OMP_NUM_THREADS")}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # skip Horovod's and MXNet's teardown, which can take seconds
+
+
+if __name__ == "__main__":
+    main()
