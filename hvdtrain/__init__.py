@@ -12,14 +12,14 @@ from .loader import BatchLoader
 from .log import MetricsWriter, setup_logging
 from .models import build_model, model_names
 from .sampler import SplitSampler
-from .train import (TrainState, broadcast_parameters, build_loaders, build_trainer, fit,
-                    initialize)
+from .train import (Outputs, TrainState, broadcast_parameters, build_loaders, build_trainer,
+                    fit, initialize)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BatchLoader", "ConfigError", "Dataset", "DistContext", "EvalResult", "HorovodKVStore",
-    "MetricsWriter", "SplitSampler", "TrainConfig", "TrainState", "build_loaders",
+    "MetricsWriter", "Outputs", "SplitSampler", "TrainConfig", "TrainState", "build_loaders",
     "broadcast_parameters", "build_model", "build_trainer", "create_store", "evaluate", "fit", "initialize",
     "load_dataset", "model_names", "select_devices", "setup_logging",
 ]

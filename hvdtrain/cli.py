@@ -25,8 +25,10 @@ from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
 from .log import MetricsWriter, setup_logging
 from .models import build_model
+from . import precision
 from .guard import NonFiniteLoss
-from .train import TrainState, broadcast_parameters, build_trainer, fit, initialize
+from .report import TensorBoardWriter
+from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 
 logger = logging.getLogger("hvdtrain")
 
@@ -112,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: %(default)s)")
     dist.add_argument("--fp16-allreduce", action="store_true",
                       help="send gradients as float16 (horovod store)")
+    model.add_argument("--dtype", default="float32", choices=cfgmod.DTYPES,
+                       help="float16 trains a float16 model with float32 master weights "
+                            "(GPU only) (default: %(default)s)")
+    model.add_argument("--amp", action="store_true",
+                       help="MXNet automatic mixed precision with loss scaling (GPU only)")
     dist.add_argument("--no-cuda", action="store_true",
                       help="train on the CPU even if GPUs are visible")
     dist.add_argument("--gpus", type=_int_list, default=d.gpus,
@@ -122,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl, checkpoints/ and "
                                           "model.params")
+    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="a live progress bar on rank 0 (default: when stderr is a "
+                          "terminal; plain log lines otherwise)")
+    out.add_argument("--tensorboard", metavar="DIR",
+                     help="write TensorBoard scalars (rank 0) to DIR")
     out.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                      help="save a checkpoint every N epochs, and after the last "
                           "(default: %(default)s)")
@@ -180,6 +192,14 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
                         enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
 
 
+def build_outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Outputs:
+    """Metrics file, checkpoints and TensorBoard scalars, all written by rank 0 alone."""
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
+    return Outputs(MetricsWriter(metrics_path, dist.is_root),
+                   build_checkpointer(cfg, dist, worker_batch),
+                   TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir)
+
+
 def resume_state(path: Optional[str], net, trainer, devices, dist: DistContext,
                  worker_batch: int) -> TrainState:
     """Load checkpoint `path` on this rank and return where training continues.
@@ -215,6 +235,7 @@ def train(cfg: TrainConfig, devices=None) -> Run:
     setup_logging(rank=0)
     resume_from = resolve_resume(cfg.resume, cfg.output_dir)
     data = load_dataset(cfg.dataset, cfg.data_dir)
+    precision.init_amp(cfg)
     net = build_model(cfg.model_name, data.num_classes)
     dist = build_dist(cfg)
     setup_logging(dist.rank)
@@ -226,16 +247,18 @@ def train(cfg: TrainConfig, devices=None) -> Run:
         _check_output_dir(cfg.output_dir)
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
+    precision.check_devices(cfg, devices)
     worker_batch = cfg.batch_size * len(devices)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+    precision.cast(net, cfg)
     trainer = build_trainer(net, cfg, dist)
+    precision.attach_amp(trainer, cfg)
     state = resume_state(resume_from, net, trainer, devices, dist, worker_batch) \
         if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
-    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
-    result = fit(net, trainer, data, devices, dist, cfg, MetricsWriter(metrics_path, dist.is_root),
-                 build_checkpointer(cfg, dist, worker_batch), state)
+    result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
+                 state)
     if cfg.output_dir and dist.is_root:
         logger.info("parameters saved to %s",
                     save_params(net, os.path.join(cfg.output_dir, "model.params")))

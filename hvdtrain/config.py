@@ -15,6 +15,9 @@ DATASETS = ("cifar10", "digits", "synthetic")
 OPTIMIZERS = ("sgd", "nag", "adam", "adamw", "rmsprop")
 SAMPLING_MODES = ("strided", "contiguous")
 LR_SCALING = ("none", "linear")
+DTYPES = ("float32", "float16")
+HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
+                  "float16 (its CPU AMP is bfloat16); train in float32 on CPUs")
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,10 @@ class TrainConfig:
     keep_checkpoints: int = 3
     resume: Optional[str] = None
     finite_check_every: int = 10
+    progress: Optional[bool] = None
+    dtype: str = "float32"
+    amp: bool = False
+    tensorboard: Optional[str] = None
 
     def __post_init__(self):
         validate(self)
@@ -126,6 +133,11 @@ def validate(cfg: TrainConfig) -> None:
     _one_of(cfg, "optimizer", OPTIMIZERS)
     _one_of(cfg, "sampling", SAMPLING_MODES)
     _one_of(cfg, "lr_scaling", LR_SCALING)
+    _one_of(cfg, "dtype", DTYPES)
+    if cfg.amp and cfg.dtype == "float16":
+        raise ConfigError("--amp already runs in mixed float16/float32: drop --dtype float16")
+    if cfg.no_cuda and (cfg.amp or cfg.dtype == "float16"):
+        raise ConfigError(HALF_NEEDS_GPU)
     if cfg.dataset == "cifar10" and not cfg.data_dir:
         raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
                           "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")

@@ -26,30 +26,30 @@ class EvalResult:
         return self.loss_sum / self.count if self.count else 0.0
 
 
-def score_batch(net, loss_fn, images, labels, devices):
+def score_batch(net, loss_fn, images, labels, devices, dtype="float32"):
     """Forward one numpy batch over `devices`; returns (correct, loss sum) NDArrays on the
     first device, still lazy, so the caller decides when to wait for them."""
-    xs = gluon.utils.split_and_load(mx.nd.array(images), devices, even_split=False)
-    ys = gluon.utils.split_and_load(mx.nd.array(labels), devices, even_split=False)
+    xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=dtype), devices, even_split=False)
+    ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=dtype), devices, even_split=False)
     outs = [net(x) for x in xs]
     return tally_batch(outs, ys, [loss_fn(o, y) for o, y in zip(outs, ys)], devices[0])
 
 
 def tally_batch(outs, ys, losses, device):
-    correct = mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().as_in_context(device)
+    correct = mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().astype("float32").as_in_context(device)
                             for o, y in zip(outs, ys)])
-    loss_sum = mx.nd.add_n(*[l.sum().as_in_context(device) for l in losses])
+    loss_sum = mx.nd.add_n(*[l.sum().astype("float32").as_in_context(device) for l in losses])
     return correct, loss_sum
 
 
-def evaluate(net, loader, devices, dist: DistContext) -> EvalResult:
+def evaluate(net, loader, devices, dist: DistContext, dtype: str = "float32") -> EvalResult:
     """Score every batch of this rank's shard of the test set, then sum
     (correct, count, loss) over all ranks with the store (under ``dist_async``, where the
     loader covers the whole test set, this rank's own figures)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     totals = mx.nd.zeros(3, ctx=devices[0])
     for images, labels in loader:
-        correct, loss_sum = score_batch(net, loss_fn, images, labels, devices)
+        correct, loss_sum = score_batch(net, loss_fn, images, labels, devices, dtype)
         totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
                                loss_sum, dim=0)
     if dist.synchronous:

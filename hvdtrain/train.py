@@ -8,8 +8,9 @@ by the global batch, so the update uses the gradient averaged over the global ba
 from __future__ import annotations
 
 import logging
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import mxnet as mx
@@ -21,13 +22,16 @@ from .data import Dataset
 from .dist import DistContext
 from .evaluate import evaluate, tally_batch
 from .guard import FiniteGuard
+from . import precision
 from .loader import BatchLoader
 from .log import MetricsWriter
 from .sampler import SplitSampler
+from .report import TensorBoardWriter, progress_bar, summary_lines
 from .schedule import effective_base_lr, lr_at
 
 logger = logging.getLogger("hvdtrain")
 
+PROGRESS_EVERY = 10  # steps between loss and throughput updates of the progress bar
 INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)
 
 
@@ -59,7 +63,7 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
     run the optimizer and apply each worker's gradient as it arrives."""
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
-              "wd": cfg.wd}
+              "wd": cfg.wd, **precision.optimizer_options(cfg)}
     if cfg.optimizer in ("sgd", "nag"):
         params["momentum"] = cfg.momentum
     # dist_async can only update on the servers (MXNet refuses anything else).
@@ -133,6 +137,19 @@ class Loop:
     guard: FiniteGuard
     max_steps: Optional[int] = None
     log_interval: int = 0
+    progress: bool = False
+    amp: bool = False
+    dtype: str = "float32"
+
+
+@dataclass
+class Outputs:
+    """Where a run's results go; every part is a no-op off the root rank."""
+
+    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
+    checkpointer: Optional[Checkpointer] = None
+    tensorboard: Optional[TensorBoardWriter] = None
+    output_dir: Optional[str] = None
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
@@ -147,6 +164,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     correct = mx.nd.zeros(1, ctx=device)
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
+    bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if loop.max_steps is not None and state.step >= loop.max_steps:
@@ -155,12 +173,14 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
             loop.lr_for_step(state.epoch * len(loader) + batch - 1))
-        xs = gluon.utils.split_and_load(mx.nd.array(images), loop.devices, even_split=False)
-        ys = gluon.utils.split_and_load(mx.nd.array(labels), loop.devices, even_split=False)
+        xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=loop.dtype), loop.devices,
+                                        even_split=False)
+        ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=loop.dtype), loop.devices,
+                                        even_split=False)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
-        autograd.backward(losses)
+        precision.backward(losses, loop.trainer, loop.amp)
         if dist.synchronous:
             loop.trainer.step(len(labels) * dist.num_workers)
         else:
@@ -174,12 +194,19 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         state.step += 1
         loop.guard.observe(batch_loss, state.step)
         loop.guard.check(state.step)
-        if loop.log_interval and batch % loop.log_interval == 0 and \
+        if bar is not None:
+            bar.update(1)
+            if batch % PROGRESS_EVERY == 0:  # reading the loss waits for the device
+                bar.set_postfix(loss=f"{loss_sum.asscalar() / samples:.4f}",
+                                img_s=f"{samples * dist.num_workers / (time.perf_counter() - start):.0f}")
+        elif loop.log_interval and batch % loop.log_interval == 0 and \
                 logger.isEnabledFor(logging.INFO):
             elapsed = time.perf_counter() - start
             logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
                         batch, len(loader), loss_sum.asscalar() / samples,
                         samples * dist.num_workers / elapsed)
+    if bar is not None:
+        bar.close()
     loop.guard.check(state.step, force=True)
     totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
     totals.wait_to_read()
@@ -192,11 +219,14 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
-        metrics: MetricsWriter, checkpointer: Optional[Checkpointer] = None,
-        state: Optional[TrainState] = None) -> dict:
+        outputs: Optional[Outputs] = None, state: Optional[TrainState] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
-    each and checkpointing as `checkpointer` says; return the final figures."""
+    each, writing `outputs`; return the final figures."""
     state = state or TrainState()
+    outputs = outputs or Outputs()
+    metrics = outputs.metrics
+    show_progress = logger.isEnabledFor(logging.INFO) and (
+        cfg.progress if cfg.progress is not None else sys.stderr.isatty())
     train_loader, test_loader = build_loaders(data, cfg, dist, len(devices))
     steps_per_epoch = len(train_loader)
     base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
@@ -207,7 +237,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), cfg.max_steps,
-                cfg.log_interval)
+                cfg.log_interval, show_progress, cfg.amp, precision.input_dtype(cfg))
     logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -218,30 +248,41 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                   start_epoch=state.epoch, start_step=state.step)
     run_start = time.perf_counter()
     result = None
+    epochs = []
     while state.epoch < cfg.epochs:
         epoch = state.epoch
         train_loader.sampler.set_epoch(epoch)
         stats = train_epoch(loop, train_loader, state)
-        result = evaluate(net, test_loader, devices, dist)
+        result = evaluate(net, test_loader, devices, dist, loop.dtype)
         state.epoch += 1
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
                     "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
                     result.accuracy, stats.samples_per_sec, stats.seconds)
-        metrics.write("epoch", epoch=epoch, step=state.step, train_loss=stats.loss,
+        record = dict(epoch=epoch, step=state.step, train_loss=stats.loss,
                       train_acc=stats.accuracy, test_acc=result.accuracy,
                       test_loss=result.loss, samples_per_sec=stats.samples_per_sec,
                       epoch_time=stats.seconds, lr=trainer.learning_rate,
                       num_workers=dist.num_workers, batch_size=cfg.batch_size)
+        epochs.append(record)
+        metrics.write("epoch", **record)
+        if outputs.tensorboard is not None:
+            outputs.tensorboard.epoch(epoch, train_loss=stats.loss, train_acc=stats.accuracy,
+                                      test_loss=result.loss, test_acc=result.accuracy,
+                                      train_samples_per_sec=stats.samples_per_sec,
+                                      train_lr=trainer.learning_rate)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if checkpointer is not None:
-            checkpointer.after_epoch(net, trainer, state,
-                                     last=stopping or state.epoch == cfg.epochs)
+        if outputs.checkpointer is not None:
+            outputs.checkpointer.after_epoch(net, trainer, state,
+                                             last=stopping or state.epoch == cfg.epochs)
         if stopping:
             break
     total_time = time.perf_counter() - run_start
     test_acc = result.accuracy if result else None
     metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
-    logger.info("done: test acc %s after %d steps in %.1fs",
-                "n/a" if test_acc is None else f"{test_acc:.4f}", state.step, total_time)
+    if outputs.tensorboard is not None:
+        outputs.tensorboard.close()
+    for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
+                              outputs.output_dir):
+        logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
             "total_time": total_time, "steps": state.step}

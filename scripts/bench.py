@@ -8,6 +8,7 @@ microbenchmark. Prints one table and writes it as JSON (--json, default bench.js
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -23,30 +24,41 @@ def horovodrun(np_):
     return [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
 
 
-def collect(procs, timeout=900):
-    """Wait for `procs`; return the BENCH records they printed."""
-    records = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=timeout)
-        lines = [l for l in out.splitlines() if "BENCH " in l]
-        if proc.returncode != 0 or not lines:
-            sys.exit(f"bench: a run failed:\n{out[-3000:]}")
-        records += [json.loads(l.split("BENCH ", 1)[1]) for l in lines]
-    return records
+class Runs:
+    """Starts worker processes, each told where to write its figures, and collects them."""
+
+    def __init__(self, folder, env):
+        self.folder = folder
+        self.env = env
+        self.count = 0
+
+    def start(self, cmd):
+        self.count += 1
+        prefix = os.path.join(self.folder, f"run{self.count}")
+        proc = subprocess.Popen(cmd + ["--out", prefix], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=self.env)
+        return proc, prefix
+
+    @staticmethod
+    def collect(started, timeout=900):
+        """Wait for the started processes; return the records their ranks wrote."""
+        records = []
+        for proc, prefix in started:
+            out, _ = proc.communicate(timeout=timeout)
+            files = sorted(glob.glob(prefix + ".rank*.json"))
+            if proc.returncode != 0 or not files:
+                sys.exit(f"bench: a run failed:\n{out[-3000:]}")
+            records += [json.load(open(f)) for f in files]
+        return records
 
 
-def start(cmd, env):
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-
-
-def measure(impl, data, extra, env):
+def measure(runs, impl, data, extra):
     """Figures for one loop on one kind of data."""
     args = ["--impl", impl, "--data", data] + extra
-    alone = collect([start(WORKER + args, env)])[0]
-    together = collect([start(horovodrun(2) + WORKER + args, env)])
-    independent = collect([start(WORKER + args, env) for _ in range(2)])
-    shares = collect([start(horovodrun(2) + WORKER + args + ["--instrument"], env)])
+    alone = runs.collect([runs.start(WORKER + args)])[0]
+    together = runs.collect([runs.start(horovodrun(2) + WORKER + args)])
+    independent = runs.collect([runs.start(WORKER + args) for _ in range(2)])
+    shares = runs.collect([runs.start(horovodrun(2) + WORKER + args + ["--instrument"])])
     two = sum(r["img_per_sec"] for r in together)
     return {
         "impl": impl, "data": data,
@@ -85,11 +97,11 @@ def main():
         from hvdtrain.data import write_cifar_files
         write_cifar_files(tmp, num_train=4096, num_test=64)
         common = ["--steps", str(steps), "--model", args.model, "--data-dir", tmp]
-        rows = [measure(impl, data, common, env)
+        runs = Runs(tmp, env)
+        rows = [measure(runs, impl, data, common)
                 for data in ("synthetic", "cifar") for impl in ("plain", "hvdtrain")]
-        micro = collect([start(horovodrun(2) + [sys.executable,
-                                                os.path.join(HERE, "bench_allreduce.py")],
-                               env)])
+        micro = runs.collect([runs.start(horovodrun(2) + [
+            sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     for row in rows:
         print(json.dumps(row))
     print()

@@ -1,9 +1,10 @@
 """Allreduce microbenchmark: the store's pushpull against a raw horovod.mxnet.allreduce_ of
-the same bytes. Run under horovodrun; rank 0 prints one BENCH line.
+the same bytes. Run under horovodrun with an output prefix; each rank writes PREFIX.rank<R>.json.
 
 Bus bandwidth = 2 (n - 1) / n x bytes / seconds, the figure NCCL's tests report: what each
 link carries in a ring allreduce.
 """
+import argparse
 import json
 import os
 import time
@@ -27,6 +28,9 @@ def timed(op, tensor):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
+    args = parser.parse_args()
     store = hvdtrain.create_store("horovod")
     hvd = store._hvd  # pylint: disable=protected-access
     n = store.num_workers
@@ -39,7 +43,10 @@ def main():
         raw_s = timed(lambda t: hvd.allreduce_(t, op=hvd.Sum, name=f"raw{size_mb}"), tensor)
         bus = lambda s: 2 * (n - 1) / n * nbytes / s / 2**20  # noqa: E731
         results.append((nbytes, bus(store_s), bus(raw_s)))
-    print("BENCH " + json.dumps({"rank": store.rank, "results": results}), flush=True)
+    with open(f"{args.out}.rank{store.rank}.json", "w") as out:
+        json.dump({"rank": store.rank, "results": results}, out)
+    mx.nd.waitall()
+    hvd.shutdown()  # MPI must be finalized, or mpirun calls the exit abnormal
     os._exit(0)
 
 

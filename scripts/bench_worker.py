@@ -1,8 +1,9 @@
-"""One process of a benchmark run; prints one JSON line with its figures.
+"""One process of a benchmark run.
 
     python scripts/bench_worker.py --impl plain|hvdtrain --data synthetic|cifar [...]
 
-Run alone (one rank) or under horovodrun (several). ``plain`` is the loop Horovod's and
+Run alone (one rank) or under horovodrun (several); each rank writes its figures to
+``<--out>.rank<R>.json``. ``plain`` is the loop Horovod's and
 MXNet's examples teach, kept here as the comparison point: ``hvd.DistributedTrainer`` on an
 imperative (not hybridized) model, Gluon's DataLoader with per-sample transforms, and the
 accuracy metric updated every batch. ``hvdtrain`` is this package's loop.
@@ -11,7 +12,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
 
 import mxnet as mx
@@ -40,6 +40,7 @@ def parse():
     p.add_argument("--instrument", action="store_true",
                    help="wait after backward and after the allreduce to time the exchange")
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     return p.parse_args()
 
 
@@ -47,6 +48,16 @@ def dataset(args):
     if args.data == "cifar":
         return load_cifar10(args.data_dir)
     return make_synthetic(num_train=4096, num_test=64)
+
+
+class PadCrop(gluon.Block):
+    """Per-sample random crop with 4-pixel padding (Gluon 1.9.1 has no RandomCrop(pad=))."""
+
+    def forward(self, x):  # pylint: disable=arguments-differ
+        chw = x.astype("float32").transpose((2, 0, 1)).expand_dims(0)
+        padded = mx.nd.pad(chw, mode="constant", pad_width=(0, 0, 0, 0, 4, 4, 4, 4))[0]
+        top, left = np.random.randint(0, 9, size=2)
+        return padded[:, top:top + 32, left:left + 32].transpose((1, 2, 0))
 
 
 def plain_loop(args, data):
@@ -61,8 +72,7 @@ def plain_loop(args, data):
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": 0.01, "momentum": 0.9,
                                                      "wd": 1e-4}, compression=compression)
-    augment = [transforms.RandomCrop(32, pad=4), transforms.RandomFlipLeftRight()] \
-        if data.augment else []
+    augment = [PadCrop(), transforms.RandomFlipLeftRight()] if data.augment else []
     transform = transforms.Compose(augment + [transforms.ToTensor(),
                                               transforms.Normalize(CIFAR_MEAN, CIFAR_STD)])
     images = mx.nd.array(data.train_x.transpose(0, 2, 3, 1), dtype=np.uint8)  # HWC, as files
@@ -156,14 +166,16 @@ def main():
     run = plain_loop if args.impl == "plain" else hvdtrain_loop
     rank, size, timings = run(args, data)
     step_time = sum(t for t, _ in timings)
-    print("BENCH " + json.dumps({
+    with open(f"{args.out}.rank{rank}.json", "w") as out:
+        json.dump({
         "impl": args.impl, "data": args.data, "rank": rank, "ranks": size,
         "img_per_sec": args.batch_size * len(timings) / step_time,
         "allreduce_share": sum(a for _, a in timings) / step_time,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "omp_threads": os.environ.get("OMP_NUM_THREADS")}), flush=True)
-    sys.stdout.flush()
-    os._exit(0)  # skip Horovod's and MXNet's teardown, which can take seconds
+        "omp_threads": os.environ.get("OMP_NUM_THREADS")}, out)
+    mx.nd.waitall()
+    hvd.shutdown()  # MPI must be finalized, or mpirun calls the exit abnormal
+    os._exit(0)  # skip MXNet's teardown, which can take seconds
 
 
 if __name__ == "__main__":

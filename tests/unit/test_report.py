@@ -1,0 +1,156 @@
+"""What users see: progress bar, plots, TensorBoard, run summary, help."""
+import json
+import os
+import pty
+import select
+import struct
+import subprocess
+
+import pytest
+
+from helpers import REPO, run_command, tool
+from hvdtrain.plot import load_runs, plot
+from hvdtrain.report import summary_lines
+
+QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1",
+         "--batch-size", "32"]
+
+
+def run_in_pty(cmd, timeout=120):
+    """Run `cmd` with stdout and stderr on a pseudo-terminal; return what it printed."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], timeout)
+        if not ready:
+            proc.kill()
+            pytest.fail("no output from the pseudo-terminal")
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(timeout=timeout)
+    os.close(master)
+    return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_and_not_when_piped():
+    code, shown = run_in_pty([tool("hvdtrain")] + QUICK)
+    assert code == 0, shown
+    assert "epoch 1:" in shown and "step/s" in shown and "loss=" in shown
+    piped = run_command([tool("hvdtrain")] + QUICK + ["--log-interval", "10"], timeout=120)
+    assert piped.returncode == 0
+    assert "step/s" not in piped.stdout and "step 10/45" in piped.stdout
+    forced = run_command([tool("hvdtrain")] + QUICK + ["--progress"], timeout=120)
+    assert "step/s" in forced.stdout
+    code, shown = run_in_pty([tool("hvdtrain")] + QUICK + ["--no-progress"])
+    assert code == 0 and "step/s" not in shown
+
+
+def _metrics_with_two_runs(path):
+    lines = []
+    for kvstore, workers, accs in (("horovod", 2, [0.5, 0.8, 0.9]), ("dist_sync", 1, [0.4, 0.7])):
+        lines.append({"event": "start", "num_workers": workers, "start_epoch": 0,
+                      "config": {"dataset": "digits", "kvstore": kvstore, "batch_size": 64,
+                                 "lr": 0.05}})
+        for epoch, acc in enumerate(accs):
+            lines.append({"event": "epoch", "epoch": epoch, "step": 10 * epoch,
+                          "train_loss": 1 - acc, "test_loss": 1.1 - acc, "train_acc": acc,
+                          "test_acc": acc - 0.05, "samples_per_sec": 1000.0 * workers})
+        lines.append({"event": "end", "test_acc": accs[-1]})
+    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
+
+
+def _png_size(path):
+    with open(path, "rb") as src:
+        head = src.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_plot_two_runs(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    _metrics_with_two_runs(metrics)
+    runs = load_runs(str(metrics))
+    assert [len(r["epochs"]) for r in runs] == [3, 2]
+    assert "dist_sync" in runs[1]["label"] and "2 x batch 64" in runs[0]["label"]
+    out = tmp_path / "curves.png"
+    proc = run_command([tool("hvdtrain-plot"), str(metrics), "-o", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    assert _png_size(out) == (1500, 450) and out.stat().st_size > 20000
+
+
+def test_resumed_run_continues_its_curve(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"event": "start", "start_epoch": 0, "config": {}},
+               {"event": "epoch", "epoch": 0, "train_loss": 1, "test_acc": 0.5,
+                "samples_per_sec": 1},
+               {"event": "start", "start_epoch": 1, "config": {}},
+               {"event": "epoch", "epoch": 1, "train_loss": 0.5, "test_acc": 0.7,
+                "samples_per_sec": 1}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [len(r["epochs"]) for r in load_runs(str(metrics))] == [2]
+    plot(load_runs(str(metrics)), str(tmp_path / "one.png"))
+
+
+def test_plot_bad_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    for path, needle in ((bad, "not a metrics.jsonl"), (tmp_path / "none", "cannot read")):
+        proc = run_command([tool("hvdtrain-plot"), str(path)], timeout=60)
+        assert proc.returncode == 2 and needle in proc.stdout
+
+
+def _tensorboard_scalars(folder):
+    from tensorboardX.proto import event_pb2
+    scalars = {}
+    for name in os.listdir(folder):
+        data = open(os.path.join(folder, name), "rb").read()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def test_tensorboard_scalars_match_the_metrics_file(tmp_path):
+    proc = run_command([tool("hvdtrain")] + QUICK + ["--epochs", "2", "--output-dir",
+                       str(tmp_path), "--tensorboard", str(tmp_path / "tb")], timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    scalars = _tensorboard_scalars(tmp_path / "tb")
+    epochs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()
+              if '"epoch"' in l and json.loads(l)["event"] == "epoch"]
+    assert sorted(scalars) == ["test/acc", "test/loss", "train/acc", "train/loss", "train/lr",
+                               "train/samples_per_sec"]
+    for record in epochs:
+        assert scalars["test/acc"][record["epoch"]] == pytest.approx(record["test_acc"])
+        assert scalars["train/loss"][record["epoch"]] == pytest.approx(record["train_loss"])
+
+
+def test_run_summary():
+    epochs = [{"epoch": 0, "step": 10, "test_acc": 0.9, "samples_per_sec": 100.0},
+              {"epoch": 1, "step": 20, "test_acc": 0.95, "samples_per_sec": 300.0},
+              {"epoch": 2, "step": 30, "test_acc": 0.93, "samples_per_sec": 200.0}]
+    text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", "runs/x"))
+    assert "final 0.9300, best 0.9500 (epoch 2)" in text
+    assert "200.0 samples/s" in text and "2 x 1 device(s), horovod" in text
+    assert "12.3 s" in text and "runs/x (metrics.jsonl" in text
+
+
+def test_help_groups_flags_and_ends_with_examples():
+    proc = run_command([tool("hvdtrain"), "--help"], timeout=60)
+    text = proc.stdout
+    positions = [text.index(f"\n{group}:\n") for group in
+                 ("data", "model", "optimisation", "distribution", "output")]
+    assert positions == sorted(positions)
+    assert "(default: 64)" in text and "(default: 0.01)" in text
+    tail = text[text.index("examples:"):].strip().splitlines()
+    assert sum(l.strip().startswith(("hvdtrain", "horovodrun")) for l in tail) == 3
