@@ -22,5 +22,9 @@ test-unit: install
 test-dist: install
 	$(PY) -m pytest -q -ra tests/dist
 
+bench: install
+	mkdir -p runs
+	$(PY) scripts/bench.py --json runs/bench.json
+
 clean:
 	rm -rf runs .pytest_cache

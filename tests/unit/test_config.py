@@ -28,6 +28,13 @@ def test_parse_config_reads_flags():
     (dict(dataset="mnist"), "--dataset must be one of"),
     (dict(dataset="cifar10"), "needs --data-dir"),
     (dict(lr_decay_epochs=(4, 2)), "increasing"),
+    (dict(amp=True, no_cuda=True), "need a GPU"),
+    (dict(dtype="float16", no_cuda=True), "need a GPU"),
+    (dict(amp=True, dtype="float16"), "drop --dtype float16"),
+    (dict(dtype="bfloat16"), "--dtype must be one of"),
+    (dict(resume="auto"), "--resume auto looks for checkpoints in --output-dir"),
+    (dict(kvstore="dist_async", warmup_epochs=1), "dist_async"),
+    (dict(gpus=(0,), gpus_per_worker=2), "either --gpus or --gpus-per-worker"),
 ])
 def test_invalid_configs_name_the_flag(changes, needle):
     base = dict(dataset="digits")
@@ -39,3 +46,13 @@ def test_invalid_configs_name_the_flag(changes, needle):
 def test_replace_validates():
     with pytest.raises(ConfigError):
         TrainConfig(dataset="digits").replace(batch_size=-3)
+
+
+def test_half_precision_refused_on_cpu_devices():
+    import mxnet as mx
+
+    from hvdtrain.precision import check_devices
+    check_devices(TrainConfig(dataset="digits"), [mx.cpu()])
+    with pytest.raises(ConfigError, match="need a GPU"):
+        check_devices(TrainConfig(dataset="digits", amp=True), [mx.cpu()])
+    check_devices(TrainConfig(dataset="digits", amp=True), [mx.gpu(0)])

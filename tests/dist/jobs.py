@@ -1,0 +1,99 @@
+"""Launching real multi-process jobs on this host."""
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+
+from helpers import run_command, tool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+JOB_TIMEOUT = 240
+
+
+def launcher(name, np_=2):
+    """The command prefix that starts `np_` local processes with launcher `name`."""
+    if name == "horovodrun":
+        return [tool("horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
+    if name == "horovodrun-gloo":
+        return [tool("horovodrun"), "--gloo", "-np", str(np_), "-H", f"localhost:{np_}"]
+    if name == "mpirun":
+        return ["mpirun", "--allow-run-as-root", "--bind-to", "none", "--tag-output",
+                "-np", str(np_), "-x", "PATH"]
+    raise ValueError(name)
+
+
+LAUNCHERS = ["horovodrun", "horovodrun-gloo", "mpirun"]
+
+
+def run_ranks(prefix, out_dir, flags, timeout=JOB_TIMEOUT):
+    """Run rank_worker.py under `prefix` (a launcher, or [] for one plain process);
+    return the per-rank JSON results and parameter arrays, ordered by rank."""
+    cmd = list(prefix) + [sys.executable, os.path.join(HERE, "rank_worker.py"), str(out_dir)]
+    proc = run_command(cmd + list(flags), timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    results = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out_dir, "rank*.json")))]
+    params = [dict(np.load(os.path.join(out_dir, f"rank{r['rank']}.npz"))) for r in results]
+    return results, params, proc.stdout
+
+
+def assert_same_params(a, b, atol=0.0):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], rtol=0, atol=atol, err_msg=key)
+
+DIGITS = ["--dataset", "digits", "--no-cuda", "--log-interval", "0"]
+
+
+def tagged_pids(tag):
+    """Pids of live processes whose environment or command line carries `tag`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as env, \
+                    open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                blob = env.read() + cmd.read()
+            with open(f"/proc/{entry}/stat") as stat:
+                if stat.read().split(")")[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        if tag.encode() in blob:
+            pids.append(int(entry))
+    return pids
+
+
+def role_pids(tag, role):
+    """Tagged pids whose environment has DMLC_ROLE=`role` (the role's own process)."""
+    out = []
+    for pid in tagged_pids(tag):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"DMLC_ROLE={role}".encode() in env and b"remote.py" not in cmd:
+            out.append(pid)
+    return out
+
+
+def rank_pids(tag):
+    """{rank: pid} of tagged training processes (a Python running hvdtrain) started by
+    horovodrun or mpirun, from the rank variable the launcher gave them."""
+    found = {}
+    for pid in tagged_pids(tag):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            env = dict(kv.split(b"=", 1) for kv in
+                       open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if len(argv) < 2 or b"python" not in argv[0] or not argv[1].endswith(b"hvdtrain"):
+            continue
+        rank = env.get(b"HOROVOD_RANK") or env.get(b"OMPI_COMM_WORLD_RANK")
+        if rank is not None:
+            found[int(rank)] = pid
+    return found

@@ -1,0 +1,101 @@
+"""Two "hosts" on loopback addresses, served by a private sshd.
+
+Everything lives in one temporary folder: the sshd config, its host key, a throwaway client
+key and the authorized_keys file. The user's ~/.ssh is never read or written: ssh takes the
+port and key from the launchers' own options (horovodrun -p/-i, mpirun's plm_rsh_args,
+hvdtrain-launch -p/-i). Nothing listens or connects outside 127.0.0.0/8.
+"""
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import List
+
+SSHD = "/usr/sbin/sshd"
+ADDRESSES = ("127.0.0.2", "127.0.0.3")
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+
+
+@dataclass
+class LoopbackHosts:
+    addresses: List[str]
+    port: int
+    key: str
+    folder: str
+    distinct_hostnames: bool = False
+
+    def ssh(self, address, command, timeout=30):
+        """Run `command` on `address` over the private sshd."""
+        return subprocess.run(["ssh"] + SSH_OPTIONS + ["-p", str(self.port), "-i", self.key,
+                                                       address, command],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def hostfile(self, slots=2, name="hostfile", fmt="{address}:{slots}"):
+        path = os.path.join(self.folder, name)
+        with open(path, "w") as out:
+            out.write("".join(fmt.format(address=a, slots=slots) + "\n"
+                              for a in self.addresses))
+        return path
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def loopback_hosts(folder, addresses=ADDRESSES):
+    """Start sshd on `addresses`; yield a :class:`LoopbackHosts`; stop it."""
+    folder = str(folder)
+    os.makedirs(folder, exist_ok=True)
+    port = _free_port()
+    host_key, client_key = os.path.join(folder, "host_key"), os.path.join(folder, "client_key")
+    for key in (host_key, client_key):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    authorized = os.path.join(folder, "authorized_keys")
+    with open(client_key + ".pub") as pub, open(authorized, "w") as out:
+        out.write(pub.read())
+    os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation folder
+    log = open(os.path.join(folder, "sshd.log"), "w")
+    daemons = []
+    named = _can_set_hostname()
+    for address in addresses:
+        config = os.path.join(folder, f"sshd_config.{address}")
+        with open(config, "w") as out:
+            out.write(f"ListenAddress {address}:{port}\nHostKey {host_key}\n"
+                      f"AuthorizedKeysFile {authorized}\nPidFile {folder}/sshd.{address}.pid\n"
+                      "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                      "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                      "LogLevel ERROR\nMaxStartups 100\nMaxSessions 100\n")
+        command = [SSHD, "-D", "-e", "-f", config]
+        if named:
+            # Real hosts have distinct hostnames, and Open MPI names its shared-memory files
+            # and session folders after them: two "hosts" sharing one name collide there.
+            # The address itself is the name, so it resolves without touching /etc/hosts.
+            command = ["unshare", "--uts", "sh", "-c", f'hostname {address} && exec "$@"',
+                       "sh"] + command
+        daemons.append(subprocess.Popen(command, stdout=log, stderr=log))
+    hosts = LoopbackHosts(list(addresses), port, client_key, folder, named)
+    try:
+        deadline = time.monotonic() + 20
+        while any(hosts.ssh(a, "true").returncode for a in addresses):
+            if any(d.poll() is not None for d in daemons) or time.monotonic() > deadline:
+                raise RuntimeError("private sshd did not come up: "
+                                   + open(os.path.join(folder, "sshd.log")).read())
+            time.sleep(0.2)
+        yield hosts
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.wait(timeout=10)
+        log.close()
+
+
+def _can_set_hostname():
+    """Whether this sandbox lets us give each "host" a hostname of its own."""
+    probe = subprocess.run(["unshare", "--uts", "hostname", "probe"], capture_output=True)
+    return probe.returncode == 0

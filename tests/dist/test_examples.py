@@ -1,0 +1,40 @@
+"""Every script in examples/ runs, on tiny data."""
+import os
+import sys
+
+import pytest
+
+from helpers import REPO, run_command
+from hvdtrain.data import write_cifar_files
+from jobs import JOB_TIMEOUT, launcher
+
+pytestmark = pytest.mark.dist
+EXAMPLES = os.path.join(REPO, "examples")
+
+
+def test_cifar10_resnet18(tmp_path):
+    write_cifar_files(str(tmp_path / "cifar"), num_train=200, num_test=40)
+    proc = run_command(launcher("horovodrun-gloo") + [
+        sys.executable, os.path.join(EXAMPLES, "cifar10_resnet18.py"),
+        "--data-dir", str(tmp_path / "cifar"), "--epochs", "1", "--max-steps", "2",
+        "--batch-size", "16", "--no-cuda", "--output-dir", str(tmp_path / "out")],
+        timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "test accuracy" in proc.stdout and "on 40 images" in proc.stdout
+    assert (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_custom_model_learns_its_own_data():
+    proc = run_command(launcher("horovodrun-gloo") + [
+        sys.executable, os.path.join(EXAMPLES, "custom_model.py"), "--epochs", "15"],
+        timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    accuracy = float(proc.stdout.rsplit("test accuracy ", 1)[1].split()[0])
+    assert accuracy > 0.8, proc.stdout[-2000:]
+
+
+def test_parameter_server_script():
+    proc = run_command([os.path.join(EXAMPLES, "parameter_server.sh"), "--epochs", "1"],
+                       timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "store: dist_sync" in proc.stdout and "run summary" in proc.stdout

@@ -1,0 +1,99 @@
+"""Real Horovod jobs with two ranks on this host, under each launcher."""
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from helpers import run_command, tool
+from jobs import DIGITS, JOB_TIMEOUT, LAUNCHERS, assert_same_params, launcher, run_ranks
+from hvdtrain.data import write_cifar_files
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_digits_trains_and_ranks_agree(name, tmp_path):
+    results, params, _ = run_ranks(launcher(name), tmp_path,
+                                   DIGITS + ["--epochs", "10", "--lr", "0.05"])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["num_workers"] == 2 and r["local_size"] == 2 for r in results)
+    assert sorted(r["local_rank"] for r in results) == [0, 1]
+    assert results[0]["test_acc"] >= 0.95, results
+    assert results[0]["test_acc"] == results[1]["test_acc"]
+    assert results[0]["test_count"] == results[1]["test_count"] == 360
+    assert_same_params(params[0], params[1])
+
+
+def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
+    flags = DIGITS + ["--sampling", "strided", "--max-steps", "5", "--lr", "0.1",
+                            "--model", "simple_cnn"]
+    (tmp_path / "two").mkdir()
+    (tmp_path / "one").mkdir()
+    _, two, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "two",
+                          flags + ["--batch-size", "16"])
+    _, one, _ = run_ranks([], tmp_path / "one", flags + ["--batch-size", "32"])
+    assert_same_params(two[0], one[0], atol=1e-5)
+    # The comparison must be able to fail: a different sampling mode changes the result.
+    (tmp_path / "contig").mkdir()
+    _, contig, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "contig",
+                             flags + ["--batch-size", "16", "--sampling", "contiguous"])
+    with pytest.raises(AssertionError):
+        assert_same_params(contig[0], one[0], atol=1e-5)
+
+
+def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):
+    data_dir = tmp_path / "cifar"
+    write_cifar_files(str(data_dir), num_train=101, num_test=31)
+    out = tmp_path / "out"
+    out.mkdir()
+    results, params, _ = run_ranks(
+        launcher("horovodrun-gloo"), out,
+        ["--dataset", "cifar10", "--data-dir", str(data_dir), "--model", "mlp", "--no-cuda",
+         "--batch-size", "16", "--epochs", "2", "--log-interval", "0"], timeout=JOB_TIMEOUT)
+    assert [r["steps"] for r in results] == [8, 8]  # ceil(51 / 16) steps x 2 epochs
+    assert [r["test_count"] for r in results] == [31, 31]
+    assert_same_params(params[0], params[1])
+
+
+def test_cli_logs_info_from_rank0_only_and_writes_outputs(tmp_path):
+    out = tmp_path / "run"
+    proc = run_command([tool("horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
+                        tool("hvdtrain"), "--dataset", "digits", "--epochs", "2",
+                        "--log-interval", "5", "--output-dir", str(out)], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    info = [l for l in proc.stdout.splitlines() if " INFO " in l]
+    warnings = [l for l in proc.stdout.splitlines() if " WARNING " in l]
+    assert info and all("[rank 0]" in l and l.startswith("[0]") for l in info)
+    # No GPU here and no --no-cuda: every rank warns, not only rank 0.
+    assert {re.match(r"\[(\d)\]", l).group(1) for l in warnings
+            if "no GPU is visible" in l} == {"0", "1"}
+    assert sum("epoch 1/2" in l for l in info) == 1
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["start", "epoch", "epoch", "end"]
+    epoch = records[1]
+    for key in ("epoch", "step", "train_loss", "train_acc", "test_acc", "samples_per_sec",
+                "epoch_time", "lr", "num_workers", "batch_size"):
+        assert key in epoch
+    assert (epoch["epoch"], epoch["num_workers"], epoch["batch_size"]) == (0, 2, 64)
+    assert records[-1]["test_acc"] == records[2]["test_acc"]
+    assert (out / "model.params").stat().st_size > 0
+    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl", "model.params"]
+
+
+def test_store_contract_across_ranks(tmp_path):
+    proc = run_command(launcher("horovodrun") + [
+        sys.executable, os.path.join(os.path.dirname(__file__), "store_contract.py"),
+        str(tmp_path)], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    dumps = [json.load(open(tmp_path / f"store{r}.json")) for r in (0, 1)]
+    for d in dumps:
+        assert d["num_workers"] == 2
+        assert d["single"] == [3.0, 20.0]
+        assert d["copies"] == [3.0, 3.0]  # (0 + 1) on rank 0 and (1 + 1) on rank 1
+        assert d["grouped"] == [[3.0, 3.0, 3.0], [4.0]]
+        assert d["weight"] == [100.0] * 4
+        assert d["grad"] == [2.0] * 4
+        # float16 on the wire: each 1.0001 is rounded to 1.0 before the sum
+        assert d["fp16"] == [2.0, "<class 'numpy.float32'>"]

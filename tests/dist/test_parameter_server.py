@@ -1,0 +1,174 @@
+"""MXNet's parameter server through hvdtrain-launch: local, ssh (loopback hosts) and mpi."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from helpers import run_command, tool
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, role_pids, run_ranks,
+                  tagged_pids)
+from loopback_hosts import loopback_hosts
+
+pytestmark = pytest.mark.dist
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def ps_launch(*options):
+    return [tool("hvdtrain-launch")] + list(options)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_digits_on_dist_sync(servers, tmp_path):
+    results, params, out = run_ranks(
+        ps_launch("-n", "2", "-s", str(servers)), tmp_path,
+        DIGITS + ["--kvstore", "dist_sync", "--epochs", "10", "--lr", "0.05"])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert results[0]["test_acc"] >= 0.95, out[-3000:]
+    assert results[0]["test_acc"] == results[1]["test_acc"]
+    assert results[0]["test_count"] == results[1]["test_count"] == 360
+    assert_same_params(params[0], params[1])
+
+
+def test_dist_sync_matches_horovod(tmp_path):
+    flags = DIGITS + ["--model", "simple_cnn", "--max-steps", "5", "--lr", "0.1",
+                      "--batch-size", "16"]
+    (tmp_path / "ps").mkdir()
+    (tmp_path / "hvd").mkdir()
+    _, ps, _ = run_ranks(ps_launch("-n", "2", "-s", "2"), tmp_path / "ps",
+                         flags + ["--kvstore", "dist_sync"])
+    _, hvd, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "hvd",
+                          flags + ["--kvstore", "horovod"])
+    assert_same_params(ps[0], hvd[0], atol=1e-5)
+    assert_same_params(ps[1], hvd[1], atol=1e-5)
+
+
+def test_dist_async_learns(tmp_path):
+    results, _, out = run_ranks(ps_launch("-n", "2", "-s", "1"), tmp_path,
+                                DIGITS + ["--kvstore", "dist_async", "--epochs", "8"])
+    assert len(results) == 2
+    assert all(r["test_count"] == 360 for r in results)  # each scores the whole test set
+    assert results[0]["test_acc"] >= 0.9, out[-3000:]
+
+
+def _watch(cmd, tag, env_extra=None):
+    env = dict(os.environ, HVDTRAIN_TEST_TAG=tag, **(env_extra or {}))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _finish(proc, seen_pids, timeout):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in seen_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, _ = proc.communicate()
+        pytest.fail(f"launcher still running after {timeout}s:\n{out.decode()[-3000:]}")
+    return out.decode()
+
+
+def _assert_all_gone(tag, seen):
+    deadline = time.monotonic() + 5
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_pids(tag) == [], f"left behind: {tagged_pids(tag)} (seen {sorted(seen)})"
+
+
+def test_worker_that_raises_stops_the_job(tmp_path):
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = _watch(ps_launch("-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
+                            "--env-worker", "HVDTRAIN_FAULT:raise",
+                            "--env-worker", "HVDTRAIN_FAULT_RANK:1", sys.executable,
+                            os.path.join(HERE, "failing_worker.py"), "--kvstore", "dist_sync",
+                            *DIGITS, "--epochs", "3"), tag)
+    seen = set()
+    while proc.poll() is None and time.monotonic() - start < 60:
+        seen.update(tagged_pids(tag))
+        time.sleep(0.2)
+    out = _finish(proc, seen, timeout=5)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30 + 10  # 10 s of start-up on a loaded machine
+    assert "injected failure on rank" in out
+    assert len(seen) >= 4  # scheduler, server, two workers
+    _assert_all_gone(tag, seen)
+
+
+def test_killed_worker_stops_the_job(tmp_path):
+    tag = uuid.uuid4().hex
+    proc = _watch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG", tool("hvdtrain"),
+                            "--kvstore", "dist_sync", *DIGITS, "--epochs", "500"), tag)
+    deadline = time.monotonic() + 90
+    while len(role_pids(tag, "worker")) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "workers never started"
+        time.sleep(0.2)
+    time.sleep(3)  # let training get going
+    seen = set(tagged_pids(tag))
+    os.kill(role_pids(tag, "worker")[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    out = _finish(proc, seen, timeout=30)
+    assert time.monotonic() - killed_at < 30
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:]
+    _assert_all_gone(tag, seen)
+
+
+def test_ssh_launcher_over_two_loopback_hosts(tmp_path):
+    with loopback_hosts(tmp_path) as hosts:
+        hostfile = hosts.hostfile(slots=1)
+        (tmp_path / "out").mkdir()
+        results, params, out = run_ranks(
+            ps_launch("-n", "2", "-s", "2", "-H", hostfile, "--launcher", "ssh",
+                      "-p", str(hosts.port), "-i", hosts.key),
+            tmp_path / "out", DIGITS + ["--kvstore", "dist_sync", "--epochs", "10",
+                                        "--lr", "0.05"])
+    assert results[0]["test_acc"] >= 0.95 and results[0]["test_acc"] == results[1]["test_acc"]
+    assert_same_params(params[0], params[1])
+    # One worker on each loopback host.
+    assert sorted(r["ssh_connection"].split()[2] for r in results) == hosts.addresses
+
+
+def test_mpi_launcher_on_one_host(tmp_path):
+    results, params, out = run_ranks(
+        ps_launch("-n", "2", "-s", "1", "--launcher", "mpi"), tmp_path,
+        DIGITS + ["--kvstore", "dist_sync", "--epochs", "2"])
+    assert [r["num_workers"] for r in results] == [2, 2]
+    assert_same_params(params[0], params[1])
+    info = [l for l in out.splitlines() if " INFO " in l]
+    assert info and all(l.startswith("[worker ") for l in info)  # roles picked from MPI ranks
+
+
+def test_launcher_bad_input_is_one_line(tmp_path):
+    bad = tmp_path / "hosts"
+    bad.write_text("d1 slots=four\n")
+    for argv, needle in [(["-n", "0", "true"], "at least 1"),
+                         (["-n", "1"], "no worker command"),
+                         (["-n", "1", "-H", str(bad), "true"], "hosts:1: cannot read"),
+                         (["-n", "1", "--launcher", "ssh", "true"], "needs --hostfile")]:
+        proc = run_command(ps_launch(*argv), timeout=60)
+        lines = proc.stdout.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], proc.stdout
+
+
+def test_sync_dst_dir_copies_the_folder_and_runs_there(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "marker.txt").write_text("synced")
+    dest = tmp_path / "dest"
+    code = ("import os, mxnet as mx; store = mx.kv.create('dist_sync'); "
+            "print('cwd', os.getcwd(), open('marker.txt').read())")
+    with loopback_hosts(tmp_path / "ssh") as hosts:
+        proc = run_command(ps_launch("-n", "2", "-s", "1", "-H", hosts.hostfile(slots=1),
+                                     "-p", str(hosts.port), "-i", hosts.key,
+                                     "--sync-dst-dir", str(dest), sys.executable, "-c", code),
+                           timeout=JOB_TIMEOUT, cwd=str(project))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.count(f"cwd {dest} synced") == 2
+    assert (dest / "marker.txt").read_text() == "synced"

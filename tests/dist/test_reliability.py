@@ -1,0 +1,176 @@
+"""Resume, failing fast when a rank dies, and the finite-loss guard, with real launchers."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from helpers import run_command, tool
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, role_pids,
+                  run_ranks, tagged_pids)
+
+pytestmark = pytest.mark.dist
+HERE = os.path.dirname(os.path.abspath(__file__))
+FLAGS = DIGITS + ["--model", "simple_cnn", "--lr", "0.05", "--batch-size", "32"]
+
+
+def test_resume_matches_an_uninterrupted_run(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    straight.mkdir()
+    stopped.mkdir()
+    _, full, _ = run_ranks(launcher("horovodrun-gloo"), straight,
+                           FLAGS + ["--epochs", "3", "--output-dir", str(straight)])
+    run_ranks(launcher("horovodrun-gloo"), stopped,
+              FLAGS + ["--epochs", "1", "--output-dir", str(stopped)])
+    results, resumed, out = run_ranks(
+        launcher("horovodrun-gloo"), stopped,
+        FLAGS + ["--epochs", "3", "--output-dir", str(stopped), "--resume", "auto"])
+    assert "resumed from" in out and "epoch 1, step 23" in out
+    assert results[0]["steps"] == 3 * 23
+    for rank in (0, 1):
+        assert_same_params(full[rank], resumed[rank], atol=1e-6)
+    # Both runs appended to one metrics file: epochs 0 and then 1, 2.
+    records = [json.loads(l) for l in (stopped / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
+    assert sorted(os.listdir(stopped / "checkpoints")) == ["epoch-0001", "epoch-0002",
+                                                           "epoch-0003", "latest"]
+
+
+def test_resume_from_two_ranks_to_one(tmp_path):
+    run_ranks(launcher("horovodrun-gloo"), tmp_path,
+              FLAGS + ["--epochs", "2", "--output-dir", str(tmp_path)])
+    results, _, out = run_ranks([], tmp_path, FLAGS + ["--epochs", "3", "--output-dir",
+                                                       str(tmp_path), "--resume", "auto"])
+    assert "resuming with a global batch of 32 instead of 64" in out
+    assert results[0]["num_workers"] == 1 and results[0]["test_acc"] >= 0.9
+    assert results[0]["steps"] == 2 * 23 + 45  # two epochs at 2 ranks, one at 1 rank
+
+
+def _tagged_launch(cmd, tag):
+    env = dict(os.environ, HVDTRAIN_TEST_TAG=tag)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _reap(proc, tag, timeout):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in tagged_pids(tag):
+            os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"still running {timeout}s after a rank was killed:\n"
+                    f"{out.decode()[-3000:]}")
+    deadline = time.monotonic() + 5
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_pids(tag) == [], "processes survived the job"
+    return out.decode()
+
+
+LONG_RUN = [tool("hvdtrain"), *DIGITS, "--epochs", "500"]
+
+
+@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo", "mpirun",
+                                  "hvdtrain-launch"])
+def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
+    tag = uuid.uuid4().hex
+    if name == "hvdtrain-launch":
+        cmd = [tool("hvdtrain-launch"), "-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
+               *LONG_RUN, "--kvstore", "dist_sync"]
+        victims = lambda: role_pids(tag, "worker")  # noqa: E731
+    else:
+        cmd = launcher(name) + (["-x", "HVDTRAIN_TEST_TAG"] if name == "mpirun" else []) \
+            + LONG_RUN
+        victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
+    proc = _tagged_launch(cmd, tag)
+    deadline = time.monotonic() + 90
+    while len(victims()) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
+        time.sleep(0.2)
+    time.sleep(3)  # mid-epoch
+    os.kill(victims()[1], signal.SIGKILL)
+    killed = time.monotonic()
+    out = _reap(proc, tag, timeout=60)
+    elapsed = time.monotonic() - killed
+    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after kill -9 of one rank")
+    assert proc.returncode != 0, out[-2000:]
+    assert elapsed < 60
+
+
+def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
+    out_dir = tmp_path / "run"
+    cmd = launcher("horovodrun-gloo") + [
+        sys.executable, os.path.join(HERE, "failing_worker.py"), *FLAGS, "--epochs", "3",
+        "--output-dir", str(out_dir), "--finite-check-every", "5"]
+    proc = run_command(cmd, timeout=JOB_TIMEOUT, env={"HVDTRAIN_FAULT": "nan",
+                                                      "HVDTRAIN_FAULT_RANK": "1"})
+    assert proc.returncode != 0
+    errors = [l for l in proc.stdout.splitlines() if "non-finite loss" in l]
+    # Epoch 2 starts at step 24; batch 3 of it is step 26; the next check is at step 30.
+    assert {e.split("[rank ")[1][0] for e in errors} == {"0", "1"}, proc.stdout[-3000:]
+    assert all("non-finite loss at step 26 on rank 1; all ranks stopped at step 30" in e
+               for e in errors)
+    checkpoints = sorted(os.listdir(out_dir / "checkpoints"))
+    assert checkpoints == ["epoch-0001", "latest"]
+    import mxnet as mx
+    saved = mx.nd.load(str(out_dir / "checkpoints" / "epoch-0001" / "model.params"))
+    assert all(np.isfinite(v.asnumpy()).all() for v in saved.values())
+    assert not (out_dir / "model.params").exists()
+
+
+def _digest(folder):
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            digest.update(path.encode() + open(path, "rb").read())
+    return digest.hexdigest()
+
+
+def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
+    run = tmp_path / "run"
+    proc = run_command([tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "2",
+                        "--output-dir", str(run)], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout
+    before = _digest(run)
+    corrupt = tmp_path / "corrupt"
+    (corrupt / "checkpoints").mkdir(parents=True)
+    os.system(f"cp -r {run}/checkpoints/epoch-0002 {corrupt}/checkpoints/")
+    params = corrupt / "checkpoints" / "epoch-0002" / "model.params"
+    params.write_bytes(params.read_bytes()[:100])
+    cifar = tmp_path / "cifar"
+    cifar.mkdir()
+    from hvdtrain.data import write_cifar_files
+    write_cifar_files(str(cifar), 10, 2)
+    (cifar / "test_batch.bin").write_bytes((cifar / "test_batch.bin").read_bytes()[:-7])
+    table = [
+        (["--batch-size", "-4"], "--batch-size must be positive"),
+        (["--epochs", "0"], "--epochs must be positive"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be positive"),
+        (["--model", "nope"], "unknown model"),
+        (["--optimizer", "nope"], "invalid choice"),
+        (["--resume", str(tmp_path / "missing")], "does not exist"),
+        (["--resume", str(corrupt / "checkpoints" / "epoch-0002")], "is corrupt"),
+        (["--model", "mlp", "--resume", "auto"], "from another model"),
+        (["--dataset", "cifar10", "--data-dir", str(cifar)], "test_batch.bin is not a CIFAR-10"),
+        (["--dataset", "cifar10", "--data-dir", str(tmp_path / "nodata")], "files missing"),
+        (["--output-dir", "/proc/self/nope"], "is not writable"),
+    ]
+    for flags, needle in table:
+        argv = [tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3"]
+        if "--output-dir" not in flags:
+            argv += ["--output-dir", str(run)]
+        proc = run_command(argv + flags, timeout=JOB_TIMEOUT)
+        lines = [l for l in proc.stdout.splitlines() if l.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], \
+            (flags, proc.stdout[-2000:])
+        assert _digest(run) == before, f"{flags} changed the output folder"
