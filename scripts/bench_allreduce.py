@@ -14,7 +14,7 @@ import mxnet as mx
 import hvdtrain
 
 SIZES_MB = (0.25, 1, 4, 16, 44)  # 44 MiB: all of ResNet-18's gradients
-REPEATS = 10
+REPEATS = 30
 
 
 def timed(op, tensor):

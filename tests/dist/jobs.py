@@ -2,9 +2,13 @@
 import glob
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
+import pytest
 
 from helpers import run_command, tool
 
@@ -97,3 +101,32 @@ def rank_pids(tag):
         if rank is not None:
             found[int(rank)] = pid
     return found
+
+
+def tagged_launch(cmd, tag):
+    """Start a launcher whose processes all carry HVDTRAIN_TEST_TAG=`tag`."""
+    env = dict(os.environ, HVDTRAIN_TEST_TAG=tag)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def reap(proc, tag, timeout):
+    """Wait up to `timeout` s for the launcher, then check that no tagged process is left.
+
+    A launcher still running is a failure: it and every tagged process are killed."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in tagged_pids(tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, _ = proc.communicate()
+        pytest.fail(f"launcher still running after {timeout}s:\n{out.decode()[-3000:]}")
+    deadline = time.monotonic() + 5
+    while tagged_pids(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert tagged_pids(tag) == [], "processes of the job survived it"
+    return out.decode()

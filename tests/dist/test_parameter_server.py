@@ -1,7 +1,6 @@
 """MXNet's parameter server through hvdtrain-launch: local, ssh (loopback hosts) and mpi."""
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -9,8 +8,8 @@ import uuid
 import pytest
 
 from helpers import run_command, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, role_pids, run_ranks,
-                  tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, reap, role_pids,
+                  run_ranks, tagged_launch, tagged_pids)
 from loopback_hosts import loopback_hosts
 
 pytestmark = pytest.mark.dist
@@ -54,70 +53,40 @@ def test_dist_async_learns(tmp_path):
     assert results[0]["test_acc"] >= 0.9, out[-3000:]
 
 
-def _watch(cmd, tag, env_extra=None):
-    env = dict(os.environ, HVDTRAIN_TEST_TAG=tag, **(env_extra or {}))
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-
-
-def _finish(proc, seen_pids, timeout):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        for pid in seen_pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out, _ = proc.communicate()
-        pytest.fail(f"launcher still running after {timeout}s:\n{out.decode()[-3000:]}")
-    return out.decode()
-
-
-def _assert_all_gone(tag, seen):
-    deadline = time.monotonic() + 5
-    while tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert tagged_pids(tag) == [], f"left behind: {tagged_pids(tag)} (seen {sorted(seen)})"
-
-
 def test_worker_that_raises_stops_the_job(tmp_path):
     tag = uuid.uuid4().hex
     start = time.monotonic()
-    proc = _watch(ps_launch("-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
-                            "--env-worker", "HVDTRAIN_FAULT:raise",
-                            "--env-worker", "HVDTRAIN_FAULT_RANK:1", sys.executable,
-                            os.path.join(HERE, "failing_worker.py"), "--kvstore", "dist_sync",
-                            *DIGITS, "--epochs", "3"), tag)
+    proc = tagged_launch(ps_launch("-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
+                                   "--env-worker", "HVDTRAIN_FAULT:raise",
+                                   "--env-worker", "HVDTRAIN_FAULT_RANK:1", sys.executable,
+                                   os.path.join(HERE, "failing_worker.py"), "--kvstore",
+                                   "dist_sync", *DIGITS, "--epochs", "3"), tag)
     seen = set()
     while proc.poll() is None and time.monotonic() - start < 60:
         seen.update(tagged_pids(tag))
         time.sleep(0.2)
-    out = _finish(proc, seen, timeout=5)
+    out = reap(proc, tag, timeout=5)
     assert proc.returncode != 0
     assert time.monotonic() - start < 30 + 10  # 10 s of start-up on a loaded machine
     assert "injected failure on rank" in out
     assert len(seen) >= 4  # scheduler, server, two workers
-    _assert_all_gone(tag, seen)
 
 
 def test_killed_worker_stops_the_job(tmp_path):
     tag = uuid.uuid4().hex
-    proc = _watch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG", tool("hvdtrain"),
-                            "--kvstore", "dist_sync", *DIGITS, "--epochs", "500"), tag)
+    proc = tagged_launch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG",
+                                   tool("hvdtrain"), "--kvstore", "dist_sync", *DIGITS,
+                                   "--epochs", "500"), tag)
     deadline = time.monotonic() + 90
     while len(role_pids(tag, "worker")) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "workers never started"
         time.sleep(0.2)
     time.sleep(3)  # let training get going
-    seen = set(tagged_pids(tag))
     os.kill(role_pids(tag, "worker")[1], signal.SIGKILL)
     killed_at = time.monotonic()
-    out = _finish(proc, seen, timeout=30)
+    out = reap(proc, tag, timeout=30)
     assert time.monotonic() - killed_at < 30
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:]
-    _assert_all_gone(tag, seen)
 
 
 def test_ssh_launcher_over_two_loopback_hosts(tmp_path):

@@ -3,7 +3,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -12,8 +11,8 @@ import numpy as np
 import pytest
 
 from helpers import run_command, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, role_pids,
-                  run_ranks, tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
+                  role_pids, run_ranks, tagged_launch)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,29 +51,6 @@ def test_resume_from_two_ranks_to_one(tmp_path):
     assert results[0]["steps"] == 2 * 23 + 45  # two epochs at 2 ranks, one at 1 rank
 
 
-def _tagged_launch(cmd, tag):
-    env = dict(os.environ, HVDTRAIN_TEST_TAG=tag)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-
-
-def _reap(proc, tag, timeout):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        for pid in tagged_pids(tag):
-            os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"still running {timeout}s after a rank was killed:\n"
-                    f"{out.decode()[-3000:]}")
-    deadline = time.monotonic() + 5
-    while tagged_pids(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert tagged_pids(tag) == [], "processes survived the job"
-    return out.decode()
-
-
 LONG_RUN = [tool("hvdtrain"), *DIGITS, "--epochs", "500"]
 
 
@@ -90,7 +66,7 @@ def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
         cmd = launcher(name) + (["-x", "HVDTRAIN_TEST_TAG"] if name == "mpirun" else []) \
             + LONG_RUN
         victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
-    proc = _tagged_launch(cmd, tag)
+    proc = tagged_launch(cmd, tag)
     deadline = time.monotonic() + 90
     while len(victims()) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
@@ -98,7 +74,7 @@ def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
     time.sleep(3)  # mid-epoch
     os.kill(victims()[1], signal.SIGKILL)
     killed = time.monotonic()
-    out = _reap(proc, tag, timeout=60)
+    out = reap(proc, tag, timeout=60)
     elapsed = time.monotonic() - killed
     print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after kill -9 of one rank")
     assert proc.returncode != 0, out[-2000:]

@@ -1,5 +1,4 @@
 """Checkpoints: round trip, pruning, resume resolution, and crashes at any moment of a save."""
-import json
 import os
 import random
 import signal

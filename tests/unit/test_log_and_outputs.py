@@ -1,6 +1,5 @@
 import io
 import json
-import logging
 
 from hvdtrain.checkpoint import atomic_write
 from hvdtrain.log import MetricsWriter, setup_logging

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import REPO, run_command, tool
+from helpers import run_command, tool
 from hvdtrain.plot import load_runs, plot
 from hvdtrain.report import summary_lines
 
