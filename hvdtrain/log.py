@@ -47,6 +47,8 @@ class MetricsWriter:
 
     def __init__(self, path: Optional[str], enabled: bool = True):
         self.path = path if enabled else None
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
 
     def write(self, event: str, **fields) -> None:
         if self.path is None:
