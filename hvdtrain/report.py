@@ -1,6 +1,7 @@
 """What a person watching a run sees: the progress bar, TensorBoard scalars, the summary."""
 from __future__ import annotations
 
+import shutil
 import sys
 from typing import Dict, List, Optional
 
@@ -12,8 +13,11 @@ def progress_bar(enabled: bool, total: int, desc: str):
     if not enabled:
         return None
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    return tqdm(total=total, desc=desc, unit="step", leave=False, dynamic_ncols=True,
-                file=sys.stderr)
+    # A terminal that reports a size of 0x0 (a fresh pty, some CI consoles) would make tqdm
+    # draw nothing at all: it skips rows at or past the height.
+    size = shutil.get_terminal_size(fallback=(100, 24))
+    return tqdm(total=total, desc=desc, unit="step", leave=False, ncols=size.columns,
+                nrows=size.lines, file=sys.stderr)
 
 
 class TensorBoardWriter:
