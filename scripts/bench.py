@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -30,11 +31,13 @@ class Runs:
     def __init__(self, folder, env):
         self.folder = folder
         self.env = env
-        self.count = 0
+
+    def with_env(self, extra):
+        """The same runner with `extra` added to the processes' environment."""
+        return Runs(self.folder, dict(self.env, **extra))
 
     def start(self, cmd):
-        self.count += 1
-        prefix = os.path.join(self.folder, f"run{self.count}")
+        prefix = os.path.join(self.folder, f"run-{uuid.uuid4().hex}")
         proc = subprocess.Popen(cmd + ["--out", prefix], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=self.env)
         return proc, prefix
@@ -52,7 +55,14 @@ class Runs:
         return records
 
 
-def measure(runs, impl, data, extra):
+# Ablations: hvdtrain with one of its fast-path changes undone, on synthetic data.
+ABLATIONS = {
+    "hvdtrain, MPI spins": ({"OMPI_MCA_mpi_yield_when_idle": "0"}, []),
+    "hvdtrain, imperative": ({}, ["--no-hybridize"]),
+}
+
+
+def measure(runs, impl, data, extra, label=None):
     """Figures for one loop on one kind of data."""
     args = ["--impl", impl, "--data", data] + extra
     alone = runs.collect([runs.start(WORKER + args)])[0]
@@ -61,7 +71,7 @@ def measure(runs, impl, data, extra):
     shares = runs.collect([runs.start(horovodrun(2) + WORKER + args + ["--instrument"])])
     two = sum(r["img_per_sec"] for r in together)
     return {
-        "impl": impl, "data": data,
+        "impl": label or impl, "data": data,
         "img_per_sec_1": alone["img_per_sec"],
         "img_per_sec_2": two,
         "img_per_sec_per_rank_2": two / 2,
@@ -100,6 +110,9 @@ def main():
         runs = Runs(tmp, env)
         rows = [measure(runs, impl, data, common)
                 for data in ("synthetic", "cifar") for impl in ("plain", "hvdtrain")]
+        rows += [measure(runs.with_env(env_extra), "hvdtrain", "synthetic", common + flags,
+                         label)
+                 for label, (env_extra, flags) in ABLATIONS.items()]
         micro = runs.collect([runs.start(horovodrun(2) + [
             sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     for row in rows:

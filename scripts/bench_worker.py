@@ -40,6 +40,8 @@ def parse():
     p.add_argument("--instrument", action="store_true",
                    help="wait after backward and after the allreduce to time the exchange")
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--no-hybridize", dest="hybridize", action="store_false",
+                   help="hvdtrain's loop on the imperative model (an ablation)")
     p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     return p.parse_args()
 
@@ -119,7 +121,7 @@ def hvdtrain_loop(args, data):
                       data_workers=2, seed=0)
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
-    hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank)
+    hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
     trainer = hvdtrain.build_trainer(net, cfg, dist)
     hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
