@@ -104,9 +104,7 @@ class HorovodKVStore(KVStoreBase):
         priority : int, optional
             Higher runs earlier in MXNet's engine.
         """
-        if self._alone:
-            pass  # nothing to receive: the copies below are the whole broadcast
-        else:
+        if not self._alone:  # alone, the copies below are the whole broadcast
             self._hvd.broadcast_(value, root_rank=0, name=f"broadcast.{key}",
                                  priority=priority)
         for target in _as_list(out):
@@ -137,27 +135,26 @@ class HorovodKVStore(KVStoreBase):
             keys, values, outs = [key], [value], [out]
 
         tensors = [self._local_sum(v) for v in values]
-        if self._alone:
-            wire = [(t, None) for t in tensors]
-        else:
-            wire = [self._compression.compress(t) for t in tensors]
-        compressed = [w for w, _ in wire]
-        if self._alone:
-            pass
-        elif len(keys) == 1:
-            self._hvd.allreduce_(compressed[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
-                                 priority=priority)
-        else:
-            self._hvd.grouped_allreduce_(
-                compressed, op=self._hvd.Sum, priority=priority,
-                name="allreduce." + ",".join(str(k) for k in keys))
-        for tensor, (sent, meta), vals, dest in zip(tensors, wire, values, outs):
-            if sent is not tensor:
-                tensor[:] = self._compression.decompress(sent, meta)
-            targets = _as_list(dest if dest is not None else vals)
-            for target in targets:
+        if not self._alone:
+            self._allreduce(keys, tensors, priority)
+        for tensor, vals, dest in zip(tensors, values, outs):
+            for target in _as_list(dest if dest is not None else vals):
                 if target is not tensor:
                     tensor.copyto(target)
+
+    def _allreduce(self, keys, tensors, priority):
+        """Sum `tensors` over all workers in place, compressed on the wire if asked."""
+        wire = [self._compression.compress(t) for t in tensors]
+        sent = [data for data, _ in wire]
+        if len(keys) == 1:
+            self._hvd.allreduce_(sent[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
+                                 priority=priority)
+        else:
+            self._hvd.grouped_allreduce_(sent, op=self._hvd.Sum, priority=priority,
+                                         name="allreduce." + ",".join(str(k) for k in keys))
+        for tensor, (data, meta) in zip(tensors, wire):
+            if data is not tensor:
+                tensor[:] = self._compression.decompress(data, meta)
 
     @staticmethod
     def _local_sum(value):
