@@ -95,19 +95,14 @@ def plain_loop(args, data):
             loss = loss_fn(out, y)
         loss.backward()
         if args.instrument:
-            mx.nd.waitall()
-            computed = time.perf_counter()
-            trainer.allreduce_grads()
-            mx.nd.waitall()
-            reduced = time.perf_counter()
-            trainer.update(args.batch_size)
+            exchange = timed_exchange(trainer, args.batch_size)
         else:
             trainer.step(args.batch_size)
         metric.update([y], [out])  # reads the output: a host sync every batch
         mx.nd.waitall()
         if step >= args.warmup:
             end = time.perf_counter()
-            timings.append((end - start, (reduced - computed) if args.instrument else 0.0))
+            timings.append((end - start, exchange if args.instrument else 0.0))
     return hvd.rank(), hvd.size(), timings
 
 
@@ -138,6 +133,18 @@ def hvdtrain_loop(args, data):
     return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps
 
 
+def timed_exchange(trainer, batch_size):
+    """Finish the step in three timed parts: wait for backward, exchange gradients and wait,
+    update. Returns the seconds spent in the exchange."""
+    mx.nd.waitall()
+    computed = time.perf_counter()
+    trainer.allreduce_grads()
+    mx.nd.waitall()
+    reduced = time.perf_counter()
+    trainer.update(batch_size)
+    return reduced - computed
+
+
 def instrumented(loop, loader, args):
     """hvdtrain's step, split by waits into compute and gradient exchange."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -150,15 +157,10 @@ def instrumented(loop, loader, args):
         with autograd.record():
             loss = loss_fn(loop.net(x), y)
         loss.backward()
-        mx.nd.waitall()
-        computed = time.perf_counter()
-        loop.trainer.allreduce_grads()
-        mx.nd.waitall()
-        reduced = time.perf_counter()
-        loop.trainer.update(len(labels) * loop.dist.num_workers)
+        exchange = timed_exchange(loop.trainer, len(labels) * loop.dist.num_workers)
         mx.nd.waitall()
         if step >= args.warmup:
-            timings.append((time.perf_counter() - start, reduced - computed))
+            timings.append((time.perf_counter() - start, exchange))
     return timings
 
 
