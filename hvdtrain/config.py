@@ -43,6 +43,9 @@ class TrainConfig:
         with batch b see exactly the samples of one worker with batch N*b, step by step.
     max_steps : int or None
         Stop after this many optimizer steps in total (for smoke tests).
+    grad_bucket_mb : float
+        Gradients are reduced in grouped calls of at most this many MiB, last layer
+        first (horovod store); 0 reduces each parameter on its own.
     """
 
     batch_size: int = 64
@@ -68,6 +71,7 @@ class TrainConfig:
     lr_decay_factor: float = 0.1
     hybridize: bool = True
     fp16_allreduce: bool = False
+    grad_bucket_mb: float = 25.0
     gpus: Tuple[int, ...] = field(default_factory=tuple)
     gpus_per_worker: Optional[int] = None
     checkpoint_every: int = 1
@@ -127,7 +131,7 @@ def validate(cfg: TrainConfig) -> None:
     _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor",
               "gpus_per_worker", "checkpoint_every", "keep_checkpoints", "finite_check_every")
     _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
-                  "seed")
+                  "seed", "grad_bucket_mb")
     _one_of(cfg, "kvstore", KVSTORES)
     _one_of(cfg, "dataset", DATASETS)
     _one_of(cfg, "optimizer", OPTIMIZERS)

@@ -21,6 +21,7 @@ from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
 from .evaluate import evaluate, tally_batch
+from .exchange import BucketedTrainer
 from .guard import FiniteGuard
 from . import precision
 from .loader import BatchLoader
@@ -58,7 +59,8 @@ class EpochStats:
 
 
 def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
-    """A Gluon Trainer over `dist.store`. The store only reduces gradients
+    """A Gluon Trainer over `dist.store`, exchanging gradients in buckets of
+    ``cfg.grad_bucket_mb``. The store only reduces gradients
     (``update_on_kvstore=False``): every worker applies the same update itself, and the
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
     run the optimizer and apply each worker's gradient as it arrives."""
@@ -68,8 +70,8 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
         params["momentum"] = cfg.momentum
     # dist_async can only update on the servers (MXNet refuses anything else).
     update_on_kvstore = None if dist.store is None else not dist.synchronous
-    return gluon.Trainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
-                         update_on_kvstore=update_on_kvstore)
+    return BucketedTrainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
+                           update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb)
 
 
 def initialize(net, devices, image_shape, seed: int, rank: int, hybridize: bool = True) -> None:

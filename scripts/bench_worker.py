@@ -10,6 +10,7 @@ accuracy metric updated every batch. ``hvdtrain`` is this package's loop.
 """
 import argparse
 import json
+import logging
 import os
 import resource
 import time
@@ -40,8 +41,15 @@ def parse():
     p.add_argument("--instrument", action="store_true",
                    help="wait after backward and after the allreduce to time the exchange")
     p.add_argument("--fp16-allreduce", action="store_true")
+    # Ablations: hvdtrain's loop with one of its changes undone.
     p.add_argument("--no-hybridize", dest="hybridize", action="store_false",
-                   help="hvdtrain's loop on the imperative model (an ablation)")
+                   help="the imperative model")
+    p.add_argument("--grad-bucket-mb", type=float, default=TrainConfig.grad_bucket_mb,
+                   help="0: one allreduce per parameter, fused by Horovod's timing")
+    p.add_argument("--log-interval", type=int, default=0,
+                   help="1: the host reads loss and accuracy after every step")
+    p.add_argument("--data-workers", type=int, default=TrainConfig.data_workers,
+                   help="0: batches prepared in the training thread, no prefetch")
     p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     return p.parse_args()
 
@@ -113,7 +121,8 @@ def hvdtrain_loop(args, data):
     dist = DistContext.from_store(store)
     share_cpu_threads(dist.local_size)
     cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
-                      data_workers=2, seed=0)
+                      data_workers=args.data_workers, seed=0,
+                      grad_bucket_mb=args.grad_bucket_mb)
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
@@ -121,7 +130,7 @@ def hvdtrain_loop(args, data):
     hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
     loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
-                log_interval=0)
+                log_interval=args.log_interval)
     state = TrainState()
     if args.instrument:
         return dist.rank, dist.num_workers, instrumented(loop, train_loader, args)
@@ -166,6 +175,10 @@ def instrumented(loop, loader, args):
 
 def main():
     args = parse()
+    if args.log_interval:
+        # The loop reads its metrics at log intervals only when INFO is on; keep it quiet.
+        logging.getLogger("hvdtrain").setLevel(logging.INFO)
+        logging.getLogger("hvdtrain").addHandler(logging.NullHandler())
     data = dataset(args)
     run = plain_loop if args.impl == "plain" else hvdtrain_loop
     rank, size, timings = run(args, data)

@@ -24,6 +24,7 @@ def main():
         json.dump({"rank": dist.rank, "local_rank": dist.local_rank,
                    "num_workers": dist.num_workers, "local_size": dist.local_size,
                    "host": socket.gethostname(),
+                   "grad_buckets": len(getattr(run.trainer, "buckets", [])),
                    # over ssh: "client_ip client_port server_ip server_port"
                    "ssh_connection": os.environ.get("SSH_CONNECTION"), **run.result}, out)
 

@@ -43,6 +43,23 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
         assert_same_params(contig[0], one[0], atol=1e-5)
 
 
+def test_gradient_buckets_leave_the_result_unchanged(tmp_path):
+    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"]
+    params_by_cap, buckets_by_cap = {}, {}
+    for cap in ("0", "0.002", "25"):
+        (tmp_path / cap).mkdir()
+        results, params, _ = run_ranks(launcher("horovodrun"), tmp_path / cap,
+                                       flags + ["--grad-bucket-mb", cap])
+        # A bucket left out of the exchange would let the two shards' replicas drift apart.
+        assert_same_params(params[0], params[1])
+        params_by_cap[cap], buckets_by_cap[cap] = params[0], results[0]["grad_buckets"]
+    assert buckets_by_cap["0"] == 0  # the Trainer's own exchange, one call per parameter
+    assert buckets_by_cap["0.002"] > buckets_by_cap["25"] == 1
+    # Two ranks sum a + b whatever the grouping: the results are bit-identical.
+    assert_same_params(params_by_cap["0.002"], params_by_cap["0"])
+    assert_same_params(params_by_cap["25"], params_by_cap["0"])
+
+
 def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):
     data_dir = tmp_path / "cifar"
     write_cifar_files(str(data_dir), num_train=101, num_test=31)
