@@ -77,6 +77,8 @@ class BucketedTrainer(gluon.Trainer):
     def buckets(self) -> List[List[int]]:
         """The planned buckets (parameter positions), empty when not bucketing."""
         if self._buckets is None:
+            if not self._kv_initialized:  # the store is not known before it is set up
+                return []
             self._buckets = self._plan() if self._bucketing() else []
         return self._buckets
 

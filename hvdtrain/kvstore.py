@@ -11,6 +11,7 @@ import os
 from typing import Optional
 
 import mxnet as mx
+import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 NATIVE_STORES = ("local", "device", "dist_sync", "dist_device_sync", "dist_async")
@@ -49,7 +50,8 @@ class HorovodKVStore(KVStoreBase):
     Parameters
     ----------
     compression : {'none', 'fp16'}, default 'none'
-        Compress gradients to float16 on the wire (Horovod's ``Compression.fp16``).
+        Send float gradients as float16 on the wire (the sum is taken in float16, as with
+        Horovod's ``Compression.fp16``), through one reused buffer per key.
     """
 
     def __init__(self, compression="none"):
@@ -65,8 +67,8 @@ class HorovodKVStore(KVStoreBase):
         # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
         # single process starts under load.
         self._alone = hvd.size() == 1
-        self._compression = hvd.Compression.fp16 if compression == "fp16" \
-            else hvd.Compression.none
+        self._fp16_wire = compression == "fp16"
+        self._wire_buffers = {}  # key -> float16 copy sent in its place
 
     @property
     def type(self):
@@ -144,17 +146,30 @@ class HorovodKVStore(KVStoreBase):
 
     def _allreduce(self, keys, tensors, priority):
         """Sum `tensors` over all workers in place, compressed on the wire if asked."""
-        wire = [self._compression.compress(t) for t in tensors]
-        sent = [data for data, _ in wire]
+        sent = [self._wire_copy(key, tensor) for key, tensor in zip(keys, tensors)]
         if len(keys) == 1:
             self._hvd.allreduce_(sent[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
                                  priority=priority)
         else:
             self._hvd.grouped_allreduce_(sent, op=self._hvd.Sum, priority=priority,
                                          name="allreduce." + ",".join(str(k) for k in keys))
-        for tensor, (data, meta) in zip(tensors, wire):
+        for tensor, data in zip(tensors, sent):
             if data is not tensor:
-                tensor[:] = self._compression.decompress(data, meta)
+                mx.nd.cast(data, dtype=tensor.dtype, out=tensor)
+
+    def _wire_copy(self, key, tensor):
+        """What goes on the wire for `tensor`: itself, or with fp16 compression a float16
+        copy in a buffer kept per key. Fresh copies every step (Horovod's
+        ``Compression.fp16``) fragmented the heap: a rank's RSS grew by about 12 MB a step
+        with ResNet-18."""
+        if not self._fp16_wire or tensor.dtype not in (np.float32, np.float64):
+            return tensor
+        buffer = self._wire_buffers.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.context != tensor.context:
+            buffer = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=np.float16)
+            self._wire_buffers[key] = buffer
+        mx.nd.cast(tensor, dtype=np.float16, out=buffer)
+        return buffer
 
     @staticmethod
     def _local_sum(value):

@@ -138,7 +138,8 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
     with tempfile.TemporaryDirectory() as tmp:
         from hvdtrain.data import write_cifar_files
-        write_cifar_files(tmp, num_train=4096, num_test=64)
+        # Two ranks each need warm-up + timed steps of 64 images within one pass.
+        write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (steps + 6)), num_test=64)
         common = ["--steps", str(steps), "--model", args.model, "--data-dir", tmp]
         runs = Runs(tmp, env)
         rows = [measure(runs, impl, data, common, rounds=args.rounds)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import resource
+import sys
 import time
 
 import mxnet as mx
@@ -54,10 +55,22 @@ def parse():
     return p.parse_args()
 
 
+TRAIN_IMAGES = 8192  # synthetic; enough for 59 steps of 64 per rank at 2 ranks
+
+
 def dataset(args):
     if args.data == "cifar":
         return load_cifar10(args.data_dir)
-    return make_synthetic(num_train=4096, num_test=64)
+    return make_synthetic(num_train=TRAIN_IMAGES, num_test=64)
+
+
+def check_enough(data, args, ranks):
+    """Every timed step must see a full batch within one pass over this rank's share."""
+    per_rank = len(data.train_y) // ranks
+    needed = args.batch_size * (args.warmup + args.steps)
+    if per_rank < needed:
+        sys.exit(f"bench_worker: {len(data.train_y)} training images give {per_rank} per "
+                 f"rank; --warmup + --steps need {needed}")
 
 
 class PadCrop(gluon.Block):
@@ -73,6 +86,7 @@ class PadCrop(gluon.Block):
 def plain_loop(args, data):
     """The examples' loop: per-sample transforms, DistributedTrainer, no hybridize."""
     hvd.init()
+    check_enough(data, args, hvd.size())
     ctx = mx.cpu()
     net = gluon.model_zoo.vision.get_model(args.model, classes=10)
     net.initialize(mx.init.Xavier(), ctx=ctx)
@@ -119,6 +133,7 @@ def hvdtrain_loop(args, data):
     store = hvdtrain.create_store("horovod", compression="fp16" if args.fp16_allreduce
                                   else "none")
     dist = DistContext.from_store(store)
+    check_enough(data, args, dist.num_workers)
     share_cpu_threads(dist.local_size)
     cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
                       data_workers=args.data_workers, seed=0,
@@ -137,7 +152,10 @@ def hvdtrain_loop(args, data):
     loop.max_steps = args.warmup
     train_epoch(loop, train_loader, state)
     loop.max_steps = args.warmup + args.steps
+    # The timed steps start a fresh pass over the data, so none of them is a short last
+    # batch (check_enough made sure the pass is long enough).
     stats = train_epoch(loop, train_loader, state)
+    assert stats.samples == args.steps * args.batch_size * dist.num_workers, stats
     per_step = stats.seconds / args.steps
     return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps
 

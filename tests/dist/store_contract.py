@@ -23,14 +23,17 @@ def main():
     grad = mx.nd.ones(4)
     store.broadcast(0, weight, [weight])
     store.pushpull(0, grad)
-    compressed = mx.nd.array([1.0001])
-    hvdtrain.create_store("horovod", compression="fp16").pushpull("fp16", compressed)
+    compressed, again = mx.nd.array([1.0001]), mx.nd.array([2.0001])
+    fp16 = hvdtrain.create_store("horovod", compression="fp16")
+    fp16.pushpull("fp16", compressed)
+    fp16.pushpull("fp16", again)  # the same key's wire buffer, reused
     with open(os.path.join(sys.argv[1], f"store{rank}.json"), "w") as dump:
         json.dump({"rank": rank, "num_workers": store.num_workers,
                    "single": single.asnumpy().tolist(), "copies": out.asnumpy().tolist(),
                    "grouped": [g.asnumpy().tolist() for g in grouped],
                    "weight": weight.asnumpy().tolist(), "grad": grad.asnumpy().tolist(),
-                   "fp16": [float(compressed.asscalar()), str(compressed.dtype)]}, dump)
+                   "fp16": [float(compressed.asscalar()), str(compressed.dtype),
+                            float(again.asscalar())]}, dump)
 
 
 if __name__ == "__main__":

@@ -113,4 +113,4 @@ def test_store_contract_across_ranks(tmp_path):
         assert d["weight"] == [100.0] * 4
         assert d["grad"] == [2.0] * 4
         # float16 on the wire: each 1.0001 is rounded to 1.0 before the sum
-        assert d["fp16"] == [2.0, "<class 'numpy.float32'>"]
+        assert d["fp16"] == [2.0, "<class 'numpy.float32'>", 4.0]

@@ -67,6 +67,7 @@ def test_trainer_reduces_every_gradient_in_its_buckets(bucket_mb):
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1,
                                                             "momentum": 0.9},
                               kvstore=store, update_on_kvstore=False, bucket_mb=bucket_mb)
+    assert trainer.buckets == []  # no plan before the store is set up at the first step
     bucketed = train_steps(trainer, net, x, y)
     params = trainer._params  # pylint: disable=protected-access  (the Trainer's key order)
     with_grad = [i for i, p in enumerate(params) if p.grad_req != "null"]

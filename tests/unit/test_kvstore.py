@@ -93,3 +93,13 @@ def test_create_store_variants():
     assert isinstance(create_store("horovod"), HorovodKVStore)
     with pytest.raises(ValueError, match="unknown kvstore"):
         create_store("zmq")
+
+
+def test_fp16_wire_copies_reuse_one_buffer_per_key():
+    fp16 = HorovodKVStore(compression="fp16")
+    first = fp16._wire_copy("w", mx.nd.array([1.0001, 3.0]))  # pylint: disable=protected-access
+    second = fp16._wire_copy("w", mx.nd.array([2.0, 5.0]))  # pylint: disable=protected-access
+    assert first is second and second.dtype == np.float16
+    assert second.asnumpy().tolist() == [2.0, 5.0]
+    ints = mx.nd.array([1, 2], dtype=np.int32)
+    assert fp16._wire_copy("i", ints) is ints  # pylint: disable=protected-access
