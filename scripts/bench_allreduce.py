@@ -15,7 +15,7 @@ import hvdtrain
 
 SIZES_MB = (0.25, 1, 4, 16, 44)  # 44 MiB: all of ResNet-18's gradients
 REPEATS = 10
-ROUNDS = 3
+ROUNDS = 5
 
 
 def timed(op, tensor):
