@@ -7,6 +7,7 @@ from .config import ConfigError, TrainConfig
 from .data import Dataset, load_dataset
 from .dist import DistContext, select_devices
 from .evaluate import EvalResult, evaluate
+from .exchange import BucketedTrainer
 from .kvstore import HorovodKVStore, create_store
 from .loader import BatchLoader
 from .log import MetricsWriter, setup_logging
@@ -18,7 +19,7 @@ from .train import (Outputs, TrainState, broadcast_parameters, build_loaders, bu
 __version__ = "0.1.0"
 
 __all__ = [
-    "BatchLoader", "ConfigError", "Dataset", "DistContext", "EvalResult", "HorovodKVStore",
+    "BatchLoader", "BucketedTrainer", "ConfigError", "Dataset", "DistContext", "EvalResult", "HorovodKVStore",
     "MetricsWriter", "Outputs", "SplitSampler", "TrainConfig", "TrainState", "build_loaders",
     "broadcast_parameters", "build_model", "build_trainer", "create_store", "evaluate", "fit", "initialize",
     "load_dataset", "model_names", "select_devices", "setup_logging",

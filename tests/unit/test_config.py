@@ -24,6 +24,7 @@ def test_parse_config_reads_flags():
     (dict(lr=0.0), "--lr must be positive"),
     (dict(max_steps=0), "--max-steps"),
     (dict(data_workers=-1), "--data-workers must be >= 0"),
+    (dict(grad_bucket_mb=-1.0), "--grad-bucket-mb must be >= 0"),
     (dict(kvstore="nccl"), "--kvstore must be one of"),
     (dict(dataset="mnist"), "--dataset must be one of"),
     (dict(dataset="cifar10"), "needs --data-dir"),
