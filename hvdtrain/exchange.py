@@ -69,18 +69,14 @@ class BucketedTrainer(gluon.Trainer):
     GROUPING_STORES = ("horovod",)
 
     def __init__(self, *args, bucket_mb: float = 0.0, **kwargs):
-        super().__init__(*args, **kwargs)
         self._bucket_bytes = int(bucket_mb * MIB)
-        self._buckets = None
+        self.buckets: List[List[int]] = []  # parameter positions; planned with the store
+        super().__init__(*args, **kwargs)
 
-    @property
-    def buckets(self) -> List[List[int]]:
-        """The planned buckets (parameter positions), empty when not bucketing."""
-        if self._buckets is None:
-            if not self._kv_initialized:  # the store is not known before it is set up
-                return []
-            self._buckets = self._plan() if self._bucketing() else []
-        return self._buckets
+    def _init_kvstore(self):
+        # The store, and whether it reduces gradients only, are known from here on.
+        super()._init_kvstore()
+        self.buckets = self._plan() if self._bucketing() else []
 
     def _bucketing(self) -> bool:
         store = self._kvstore
