@@ -12,23 +12,12 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass
 from typing import List, Optional
 
 from . import config as cfgmod
-import mxnet as mx
-
-from .checkpoint import Checkpointer, CheckpointError, read_meta, resolve_resume, restore, save_params
 from .config import ConfigError, TrainConfig
-from .data import load_dataset
-from .dist import DistContext, select_devices, share_cpu_threads
-from .kvstore import create_store
-from .log import MetricsWriter, setup_logging
-from .models import build_model
-from . import precision
 from .guard import NonFiniteLoss
-from .report import TensorBoardWriter
-from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
+from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
 
 logger = logging.getLogger("hvdtrain")
 
@@ -158,115 +147,6 @@ def parse_config(argv: Optional[List[str]] = None) -> TrainConfig:
     """Parse `argv` into a validated :class:`TrainConfig` (raises ConfigError)."""
     args = vars(build_parser().parse_args(argv))
     return TrainConfig(**args)
-
-
-def _check_output_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
-
-
-@dataclass
-class Run:
-    """What a finished run leaves in this process."""
-
-    net: object
-    trainer: object
-    dist: DistContext
-    result: dict
-
-
-def build_dist(cfg: TrainConfig) -> DistContext:
-    """Create the store (``hvd.init()`` happens here for Horovod) and read the layout."""
-    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
-    return DistContext.from_store(create_store(cfg.kvstore, **options))
-
-
-def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Checkpointer:
-    """Rank 0's checkpoint writer (a no-op elsewhere, or without --output-dir)."""
-    meta = {"config": cfg.to_dict(), "model": cfg.model_name, "dataset": cfg.dataset,
-            "num_workers": dist.num_workers, "global_batch": worker_batch * dist.num_workers,
-            "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
-    return Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
-                        enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
-
-
-def build_outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Outputs:
-    """Metrics file, checkpoints and TensorBoard scalars, all written by rank 0 alone."""
-    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
-    return Outputs(MetricsWriter(metrics_path, dist.is_root),
-                   build_checkpointer(cfg, dist, worker_batch),
-                   TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir)
-
-
-def resume_state(path: Optional[str], net, trainer, devices, dist: DistContext,
-                 worker_batch: int) -> TrainState:
-    """Load checkpoint `path` on this rank and return where training continues.
-
-    Every rank loads the same files (the checkpoint must be visible to all of them); the
-    ranks first agree that they found the same checkpoint, since a rank that loads nothing
-    would meet the others at a different collective and hang.
-    """
-    found = read_meta(path)["epoch"] + 1 if path else 0
-    total = dist.sum_across_workers("resume_check", mx.nd.array([found]))
-    if int(total.asscalar()) != found * dist.num_workers:
-        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
-                              f"{path or 'none'}); is the output folder shared by all ranks?")
-    if not path:
-        logger.info("no checkpoint to resume from: starting fresh")
-        return TrainState()
-    meta = restore(path, net, trainer, devices)
-    global_batch = worker_batch * dist.num_workers
-    if meta.get("global_batch") not in (None, global_batch):
-        logger.warning("resuming with a global batch of %d instead of %d (%d workers instead "
-                       "of %s): steps per epoch change, --lr now applies to the new global "
-                       "batch", global_batch, meta["global_batch"], dist.num_workers,
-                       meta.get("num_workers"))
-    logger.info("resumed from %s: epoch %d, step %d", path, meta["epoch"], meta["step"])
-    return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]))
-
-
-def train(cfg: TrainConfig, devices=None) -> Run:
-    """Run the whole job described by `cfg` in this process (one rank of it).
-
-    `devices` overrides the devices chosen from the configuration (a list of contexts).
-    """
-    setup_logging(rank=0)
-    resume_from = resolve_resume(cfg.resume, cfg.output_dir)
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    precision.init_amp(cfg)
-    net = build_model(cfg.model_name, data.num_classes)
-    dist = build_dist(cfg)
-    setup_logging(dist.rank)
-    threads = share_cpu_threads(dist.local_size)
-    if threads:
-        logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
-                    threads)
-    if cfg.output_dir and dist.is_root:
-        _check_output_dir(cfg.output_dir)
-    devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
-                                        cfg.gpus_per_worker)
-    precision.check_devices(cfg, devices)
-    worker_batch = cfg.batch_size * len(devices)
-    initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
-    precision.cast(net, cfg)
-    trainer = build_trainer(net, cfg, dist)
-    precision.attach_amp(trainer, cfg)
-    state = resume_state(resume_from, net, trainer, devices, dist, worker_batch) \
-        if cfg.resume else TrainState()
-    broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
-                         else worker_batch)
-    result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
-                 state)
-    if cfg.output_dir and dist.is_root:
-        logger.info("parameters saved to %s",
-                    save_params(net, os.path.join(cfg.output_dir, "model.params")))
-    return Run(net, trainer, dist, result)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 
-from hvdtrain.cli import parse_config, train
+from hvdtrain.cli import parse_config
+from hvdtrain.job import train
 
 
 def main():
