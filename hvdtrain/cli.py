@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="samples per device per step (with Horovod: per worker); global "
                           "batch = this x devices per worker x workers (default: "
                           "%(default)s)")
-    opt.add_argument("--epochs", type=int, default=d.epochs, help="(default: %(default)s)")
+    opt.add_argument("--epochs", type=int, default=d.epochs,
+                     help="passes over the training set (default: %(default)s)")
     opt.add_argument("--lr", type=float, default=d.lr,
                      help="learning rate for the GLOBAL batch: gradients are averaged over "
                           "all workers' samples (default: %(default)s)")
@@ -88,13 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated epochs at which lr is multiplied by "
                           "--lr-decay-factor (default: none)")
     opt.add_argument("--lr-decay-factor", type=float, default=d.lr_decay_factor,
-                     help="(default: %(default)s)")
+                     help="factor the learning rate is multiplied by at each "
+                          "--lr-decay-epochs epoch (default: %(default)s)")
     opt.add_argument("--optimizer", default=d.optimizer, choices=cfgmod.OPTIMIZERS,
-                     help="(default: %(default)s)")
+                     help="Gluon optimizer applying the averaged gradients (default: "
+                          "%(default)s)")
     opt.add_argument("--momentum", type=float, default=d.momentum,
                      help="for sgd and nag (default: %(default)s)")
     opt.add_argument("--wd", type=float, default=d.wd, help="weight decay (default: %(default)s)")
-    opt.add_argument("--seed", type=int, default=d.seed, help="(default: %(default)s)")
+    opt.add_argument("--seed", type=int, default=d.seed,
+                     help="seeds shuffling, augmentation and initialisation (default: "
+                          "%(default)s)")
     opt.add_argument("--max-steps", type=int,
                      help="stop after this many optimizer steps in total")
     dist = p.add_argument_group("distribution")

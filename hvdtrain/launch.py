@@ -3,7 +3,7 @@
 MXNet's ``tools/launch.py`` is not in the pip wheel; this is its replacement::
 
     hvdtrain-launch -n 2 -s 2 hvdtrain --kvstore dist_sync --dataset digits --no-cuda
-    hvdtrain-launch -n 2 -H hostfiles/two-hosts --launcher ssh \\
+    hvdtrain-launch -n 2 -H hostfiles/two-hosts-ps.txt --launcher ssh \\
         hvdtrain --kvstore dist_sync --data-dir ~/data/cifar-10-batches-bin
 
 One scheduler runs where the launcher runs (with ``--launcher mpi``: on MPI rank 0); servers
@@ -42,7 +42,9 @@ def _key_value(text):
 
 
 def build_parser():
-    p = _Parser(prog="hvdtrain-launch", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="hvdtrain-launch", description=(
+        "Start a parameter-server job: one scheduler, the servers and the workers, on this "
+        "machine or over ssh or mpirun; the first process to fail stops the whole job."))
     p.add_argument("-n", "--num-workers", type=int, required=True, help="number of workers")
     p.add_argument("-s", "--num-servers", type=int, help="number of servers (default: workers)")
     p.add_argument("-H", "--hostfile", help="hosts, one per line ('d1', 'd1:4', 'd1 slots=4')")
