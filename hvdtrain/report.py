@@ -52,8 +52,8 @@ class TensorBoardWriter:
 
 
 def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devices: int,
-                  backend: str, output_dir: Optional[str]) -> List[str]:
-    """The short table rank 0 prints at the end of a run."""
+                  backend: str, written: List[str]) -> List[str]:
+    """The short table rank 0 prints at the end of a run; `written` lists its outputs."""
     if not epochs:
         return ["run summary: no epoch completed"]
     best = max(epochs, key=lambda e: e["test_acc"])
@@ -66,8 +66,7 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
         ("total time", f"{total_time:.1f} s"),
         ("throughput", f"{sum(rates) / len(rates):.1f} samples/s (global, mean over epochs)"),
         ("workers", f"{num_workers} x {devices} device(s), {backend}"),
-        ("outputs", f"{output_dir} (metrics.jsonl, checkpoints/, model.params)"
-                    if output_dir else "none (no --output-dir)"),
+        ("outputs", ", ".join(written) if written else "none (no --output-dir)"),
     ]
     width = max(len(k) for k, _ in rows)
     return ["run summary"] + [f"  {k.ljust(width)}  {v}" for k, v in rows]

@@ -8,15 +8,16 @@ by the global batch, so the update uses the gradient averaged over the global ba
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from .checkpoint import Checkpointer
+from .checkpoint import CHECKPOINTS, Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
@@ -153,6 +154,19 @@ class Outputs:
     tensorboard: Optional[TensorBoardWriter] = None
     output_dir: Optional[str] = None
 
+    def written(self) -> List[str]:
+        """What this rank writes, for the closing summary: each part only if it is on."""
+        paths = []
+        if self.metrics.path:
+            paths.append(self.metrics.path)
+        if self.checkpointer is not None and self.checkpointer.output_dir:
+            paths.append(os.path.join(self.checkpointer.output_dir, CHECKPOINTS) + "/")
+        if self.output_dir:  # the job saves model.params there after fit()
+            paths.append(os.path.join(self.output_dir, "model.params"))
+        if self.tensorboard is not None and self.tensorboard.writer is not None:
+            paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
+        return paths
+
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     """Run one epoch (or until `max_steps`) and return its totals over all ranks
@@ -284,7 +298,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     if outputs.tensorboard is not None:
         outputs.tensorboard.close()
     for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
-                              outputs.output_dir):
+                              outputs.written()):
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
             "total_time": total_time, "steps": state.step}

@@ -1,5 +1,6 @@
 """What users see: progress bar, plots, TensorBoard, run summary, help."""
 import json
+import re
 import os
 import pty
 import select
@@ -139,10 +140,32 @@ def test_run_summary():
     epochs = [{"epoch": 0, "step": 10, "test_acc": 0.9, "samples_per_sec": 100.0},
               {"epoch": 1, "step": 20, "test_acc": 0.95, "samples_per_sec": 300.0},
               {"epoch": 2, "step": 30, "test_acc": 0.93, "samples_per_sec": 200.0}]
-    text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", "runs/x"))
+    text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", ["runs/x/metrics.jsonl"]))
     assert "final 0.9300, best 0.9500 (epoch 2)" in text
     assert "200.0 samples/s" in text and "2 x 1 device(s), horovod" in text
-    assert "12.3 s" in text and "runs/x (metrics.jsonl" in text
+    assert "12.3 s" in text and "outputs        runs/x/metrics.jsonl" in text
+    assert "none (no --output-dir)" in "\n".join(summary_lines(epochs, 1, 1, 1, "horovod", []))
+
+
+def test_summary_names_only_what_is_written(tmp_path):
+    """The library path (examples/cifar10_resnet18.py) writes metrics alone: the summary
+    must not claim checkpoints or model.params, nor say nothing is written."""
+    from hvdtrain import MetricsWriter, Outputs
+    metrics_only = Outputs(MetricsWriter(str(tmp_path / "metrics.jsonl")))
+    assert metrics_only.written() == [str(tmp_path / "metrics.jsonl")]
+    assert Outputs().written() == []
+    off_root = Outputs(MetricsWriter(str(tmp_path / "metrics.jsonl"), enabled=False))
+    assert off_root.written() == []
+
+
+def test_every_flag_says_what_it_means():
+    from hvdtrain.cli import build_parser
+    from hvdtrain.launch import build_parser as launch_parser
+    for parser in (build_parser(), launch_parser()):
+        for action in parser._actions:  # pylint: disable=protected-access
+            meaning = re.sub(r"\(default: [^)]*\)", "", action.help or "").strip()
+            assert meaning, f"{parser.prog} {action.option_strings}: help says nothing"
+        assert "``" not in parser.format_help()
 
 
 def test_help_groups_flags_and_ends_with_examples():

@@ -1,0 +1,247 @@
+"""Every command line of README.md and docs/ runs as written, or is read by its own parser.
+
+Lines one machine can run are run for real, with only these stand-ins: CIFAR-10 is a small
+set of generated CIFAR-format files, `runs/...` is a temporary folder, epochs are cut to one
+(two for a resume) and `synthetic` runs stop after 3 steps, the hosts `d1`/`d2` are two
+loopback "hosts" behind a private sshd (2 slots each instead of 4), and `mpirun` gets
+`--allow-run-as-root`. Lines that need a GPU, Docker or Slurm are read by the programs that
+would read them: hvdtrain's parser, horovodrun's own parser, `bash -n`, `make -n`.
+A new line in a document is picked up without anyone adding a test.
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from helpers import BIN, REPO, run_command
+from hvdtrain.cli import parse_config
+from hvdtrain.data import write_cifar_files
+from hvdtrain.launch import parse_args as parse_launch_args
+from jobs import JOB_TIMEOUT
+from loopback_hosts import SSH_OPTIONS, loopback_hosts
+from readme_commands import covered_commands
+
+pytestmark = pytest.mark.dist
+COMMANDS = covered_commands()
+CIFAR_PATHS = ("~/data/cifar-10-batches-bin", "/data/cifar-10-batches-bin")
+FAR_HOSTS = ("d1", "d2")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme")
+    write_cifar_files(str(root / "cifar"), num_train=256, num_test=64)
+    return root
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with loopback_hosts(tmp_path_factory.mktemp("ssh")) as running:
+        yield running
+
+
+# --- reading a line with the program that will read it ---------------------------------
+
+def horovodrun_args(argv):
+    """horovodrun's own parser applied to `argv` (without the program name)."""
+    from horovod.runner.launch import parse_args  # pylint: disable=import-outside-toplevel
+    saved = sys.argv
+    sys.argv = ["horovodrun"] + list(argv)
+    try:
+        return parse_args()
+    except SystemExit as err:
+        pytest.fail(f"horovodrun cannot parse {argv}: exit {err.code}")
+    finally:
+        sys.argv = saved
+
+
+def program_start(argv):
+    """Index of the training program in a launcher's argv (hvdtrain or python ...)."""
+    for index, word in enumerate(argv):
+        if os.path.basename(word) in ("hvdtrain", "python", "python3") or word == sys.executable:
+            return index
+    pytest.fail(f"no training program in {argv}")
+
+
+def check_program(argv):
+    """Parse a program a launcher starts: hvdtrain's flags, or an example script that exists."""
+    if os.path.basename(argv[0]) == "hvdtrain":
+        parse_config(argv[1:])
+    elif os.path.basename(argv[0]).startswith("python"):
+        assert os.path.exists(os.path.join(REPO, argv[1])), argv
+    elif argv[0] == "/usr/sbin/sshd":
+        assert "openssh-server" in open(os.path.join(REPO, "Dockerfile")).read()
+    else:
+        pytest.fail(f"unexpected program {argv}")
+
+
+def check_docker(argv):
+    """`docker build` needs our Dockerfile; `docker run` an image we build and a command
+    its own parsers accept."""
+    if argv[1] == "build":
+        assert "-t" in argv and os.path.exists(os.path.join(REPO, argv[-1], "Dockerfile"))
+        return
+    assert argv[1] == "run", argv
+    takes_value = {"-v", "--volume", "-p", "--publish", "-e", "--env", "--network", "--gpus",
+                   "--name", "--cap-add", "--device", "-w", "--workdir", "--ipc", "--shm-size"}
+    index = 2
+    while argv[index].startswith("-"):
+        index += 2 if argv[index] in takes_value else 1
+    image, command = argv[index], argv[index + 1:]
+    assert image == "hvdtrain:gpu", argv
+    options = argv[2:index]
+    if any(o.startswith("--gpus") for o in options):
+        # NCCL's shared-memory transport needs more than Docker's default 64 MB /dev/shm.
+        assert any(o.startswith(("--shm-size", "--ipc")) for o in options), argv
+    if command[0] == "horovodrun":
+        args = horovodrun_args(command[1:])
+        check_program(args.command)
+    else:
+        check_program(command)
+
+
+# --- running a line on this machine ------------------------------------------------------
+
+def is_far(argv):
+    """Whether `argv` names the far hosts d1/d2 (directly or through a hostfile of them)."""
+    words = " ".join(argv).replace(":", " ").replace(",", " ").split()
+    return any(h in words for h in FAR_HOSTS) or any("two-hosts" in w for w in argv)
+
+
+def localize(argv, workspace):
+    """`argv` with this machine's stand-ins for the data and the output folders."""
+    out = []
+    for word in argv:
+        for path in CIFAR_PATHS:
+            word = word.replace(path, str(workspace / "cifar"))
+        out.append(str(workspace / word) if word.startswith("runs/") else word)
+    return out
+
+
+def to_loopback_hosts(argv, hosts):
+    """`argv` with the loopback hosts (2 slots each) in place of d1/d2 and their hostfiles,
+    and the options that reach their private sshd."""
+    out = argv[:1] + ssh_options(argv[0], hosts)
+    words = iter(enumerate(argv[1:], 1))
+    for index, word in words:
+        if word == "-np":
+            out += ["-np", str(2 * len(hosts.addresses))]
+            next(words)
+        elif word == "-H" and not argv[index + 1].startswith("hostfiles/"):
+            out += ["-H", ",".join(f"{a}:2" for a in hosts.addresses)]
+            next(words)
+        elif word.startswith("hostfiles/two-hosts"):
+            fmt = {".hostfile": "{address} slots={slots}", "4gpu.txt": "{address}:{slots}"}
+            fmt = next((f for end, f in fmt.items() if word.endswith(end)), "{address}")
+            out.append(hosts.hostfile(slots=2, fmt=fmt, name=os.path.basename(word)))
+        else:
+            out.append(word)
+    return out
+
+
+def ssh_options(launcher, hosts):
+    """The options of `launcher` that reach the loopback hosts' private sshd."""
+    name = os.path.basename(launcher)
+    if name == "horovodrun":
+        return ["-p", str(hosts.port), "-i", hosts.key, "--network-interface", "lo"]
+    if name == "mpirun":
+        ssh = " ".join(SSH_OPTIONS + ["-p", str(hosts.port), "-i", hosts.key])
+        return ["-mca", "plm_rsh_args", ssh, "-mca", "btl", "tcp,self",
+                "-mca", "btl_tcp_if_include", "lo", "-mca", "oob_tcp_if_include", "lo"]
+    return ["-p", str(hosts.port), "-i", hosts.key]  # hvdtrain-launch, check-cluster.sh
+
+
+def shorten(argv):
+    """Flags that keep a documented training run to a few seconds."""
+    names = [os.path.basename(w) for w in argv]
+    trains = "hvdtrain" in names or "parameter_server.sh" in names \
+        or any(w.startswith("examples/") and w.endswith(".py") for w in argv)
+    if not trains:
+        return []
+    extra = ["--epochs", "2" if "--resume" in argv else "1"]
+    if "hvdtrain" in names or "parameter_server.sh" in names:
+        extra += ["--log-interval", "0"]
+    if "synthetic" in argv or any(w.startswith("examples/") and w.endswith(".py") for w in argv):
+        extra += ["--max-steps", "3"]
+    return extra
+
+
+def run_line(argv, workspace, hosts_factory):
+    """Run a documented line here; check its exit status and what it says it writes."""
+    argv = localize(argv, workspace)
+    name = os.path.basename(argv[0])
+    if name == "mpirun":
+        argv = argv[:1] + ["--allow-run-as-root"] + argv[1:]
+    if is_far(argv):
+        hosts = hosts_factory()
+        if name in ("horovodrun", "mpirun") and "--gloo" not in argv \
+                and not hosts.distinct_hostnames:
+            pytest.skip("Open MPI's shared-memory transport crashes when two 'hosts' share "
+                        "one hostname, and this sandbox cannot give them their own")
+        argv = to_loopback_hosts(argv, hosts)
+    argv = argv + shorten(argv)
+    if argv[0].startswith(("scripts/", "examples/")):
+        argv[0] = os.path.join(REPO, argv[0])
+    proc = run_command(argv, timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stdout[-4000:]}"
+    if "--output-dir" in argv:
+        metrics = os.path.join(argv[argv.index("--output-dir") + 1], "metrics.jsonl")
+        last = json.loads(open(metrics).read().splitlines()[-1])
+        assert last["event"] == "end", last
+    if name == "hvdtrain-plot":
+        assert os.path.getsize(argv[argv.index("-o") + 1]) > 0
+    return proc
+
+
+def ensure_metrics(argv):
+    """hvdtrain-plot reads metrics files; a line run on its own finds them made here."""
+    for word in argv[1:]:
+        if word.endswith("metrics.jsonl") and not os.path.exists(word):
+            proc = run_command([os.path.join(BIN, "hvdtrain"), "--dataset", "digits",
+                                "--no-cuda", "--epochs", "1", "--log-interval", "0",
+                                "--output-dir", os.path.dirname(word)], timeout=JOB_TIMEOUT)
+            assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=str)
+def test_documented_command(command, workspace, request):
+    argv = command.argv
+    first = command.first
+    hosts_factory = lambda: request.getfixturevalue("hosts")  # noqa: E731 (started on demand)
+    if first == "make":
+        for target in argv[1:]:
+            dry = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True,
+                                 text=True, timeout=60)
+            assert dry.returncode == 0, f"make has no target {target}: {dry.stderr}"
+        return  # CI runs `make demo` and `make test` themselves (.ci/run)
+    if first == "docker":
+        check_docker(argv)
+        return
+    if first == "sbatch":
+        script = os.path.join(REPO, argv[-1])
+        assert subprocess.run(["bash", "-n", script]).returncode == 0
+        text = open(script).read().replace("\\\n", " ")
+        launch = shlex.split(text[text.index("mpirun"):].splitlines()[0])
+        check_program([w.replace("$SLURM_JOB_ID", "1") for w in launch[program_start(launch):]])
+        return
+    if first == "horovodrun":
+        args = horovodrun_args(argv[1:])
+        check_program(args.command)
+    elif first == "hvdtrain-launch":
+        check_program(parse_launch_args(argv[1:]).command)
+    elif first == "hvdtrain":
+        if "--help" in argv:
+            parse_or_help = run_command([os.path.join(BIN, "hvdtrain"), "--help"], timeout=60)
+            assert parse_or_help.returncode == 0
+            return
+        check_program(argv)
+    elif first == "scripts/" and argv[0].endswith("install-deps.sh"):
+        script = os.path.join(REPO, argv[0])
+        assert subprocess.run(["bash", "-n", script]).returncode == 0
+        return  # `make install` runs it for real before the suite
+    elif first == "hvdtrain-plot":
+        ensure_metrics(localize(argv, workspace))
+    run_line(argv, workspace, hosts_factory)
