@@ -87,6 +87,11 @@ def shell_lines(text: str, document: str = "?") -> List[Command]:
     return commands
 
 
+def python_blocks(text: str) -> List[str]:
+    """The fenced ``python`` blocks of Markdown `text`."""
+    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+
+
 def all_commands() -> List[Command]:
     """The command lines of every document, in document order."""
     out = []

@@ -22,7 +22,7 @@ from hvdtrain.data import write_cifar_files
 from hvdtrain.launch import parse_args as parse_launch_args
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
-from readme_commands import covered_commands
+from readme_commands import covered_commands, documents, python_blocks
 
 pytestmark = pytest.mark.dist
 COMMANDS = covered_commands()
@@ -73,7 +73,9 @@ def check_program(argv):
     elif os.path.basename(argv[0]).startswith("python"):
         assert os.path.exists(os.path.join(REPO, argv[1])), argv
     elif argv[0] == "/usr/sbin/sshd":
-        assert "openssh-server" in open(os.path.join(REPO, "Dockerfile")).read()
+        image = open(os.path.join(REPO, "Dockerfile")).read() \
+            + open(os.path.join(REPO, "scripts", "install-deps.sh")).read()
+        assert "openssh-server" in image  # the image is installed through install-deps.sh
     else:
         pytest.fail(f"unexpected program {argv}")
 
@@ -245,3 +247,17 @@ def test_documented_command(command, workspace, request):
     elif first == "hvdtrain-plot":
         ensure_metrics(localize(argv, workspace))
     run_line(argv, workspace, hosts_factory)
+
+
+PYTHON_BLOCKS = [(document, block) for document in documents()
+                 for block in python_blocks(open(os.path.join(REPO, document)).read())]
+
+
+@pytest.mark.parametrize("document, block", PYTHON_BLOCKS,
+                         ids=[f"{d}#{i}" for i, (d, _) in enumerate(PYTHON_BLOCKS)])
+def test_documented_python_runs(document, block, tmp_path):
+    """Library snippets run as written, as one worker."""
+    script = tmp_path / "snippet.py"
+    script.write_text(block)
+    proc = run_command([sys.executable, str(script)], timeout=JOB_TIMEOUT, cwd=str(tmp_path))
+    assert proc.returncode == 0, f"{document}:\n{block}\n{proc.stdout[-3000:]}"
