@@ -27,6 +27,7 @@ from . import precision
 from .loader import BatchLoader
 from .log import MetricsWriter
 from .sampler import SplitSampler
+from .replicas import average_running_stats
 from .report import TensorBoardWriter, progress_bar, summary_lines
 from .schedule import effective_base_lr, lr_at
 
@@ -255,6 +256,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         epoch = state.epoch
         train_loader.sampler.set_epoch(epoch)
         stats = train_epoch(loop, train_loader, state)
+        # Training stops here until the next epoch: what is evaluated now, checkpointed
+        # below and saved at the end is one model, the same on every rank and device.
+        average_running_stats(net, dist)
         result = evaluate(net, test_loader, devices, dist, loop.dtype)
         state.epoch += 1
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
