@@ -75,6 +75,8 @@ class DistContext:
         """Sum a small array over all workers, in place, and return it.
 
         Every worker must call this with the same `name` and shape at the same point.
+        The sum is exact: it never travels compressed, whatever the store does with
+        gradients (a store that compresses offers ``sum_exact`` for this).
         """
         if self.num_workers == 1:
             return values
@@ -86,6 +88,8 @@ class DistContext:
                 key = self._named_keys[name] = NAMED_KEY_BASE + len(self._named_keys)
                 self.store.init(key, mx.nd.zeros(values.shape, dtype=values.dtype))
             self.store.pushpull(key, values, out=values)
+        elif hasattr(self.store, "sum_exact"):
+            self.store.sum_exact(name, values)
         else:
             self.store.pushpull(name, values)
         return values

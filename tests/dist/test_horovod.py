@@ -114,3 +114,23 @@ def test_store_contract_across_ranks(tmp_path):
         assert d["grad"] == [2.0] * 4
         # float16 on the wire: each 1.0001 is rounded to 1.0 before the sum
         assert d["fp16"] == [2.0, "<class 'numpy.float32'>", 4.0]
+
+
+def test_fp16_allreduce_keeps_metrics_exact_beyond_the_float16_range(tmp_path):
+    # 33,000 test samples: the count is rounded in float16 (to 32,992) and the loss sum
+    # (about 2.3 x 33,000) overflows it. Only gradients may travel as float16.
+    data_dir = tmp_path / "cifar"
+    write_cifar_files(str(data_dir), num_train=256, num_test=33000)
+    out = tmp_path / "out"
+    out.mkdir()
+    results, params, _ = run_ranks(
+        launcher("horovodrun"), out,
+        ["--dataset", "cifar10", "--data-dir", str(data_dir), "--model", "mlp", "--no-cuda",
+         "--batch-size", "64", "--epochs", "1", "--log-interval", "0", "--fp16-allreduce",
+         "--output-dir", str(out / "run")])
+    assert [r["test_count"] for r in results] == [33000, 33000]
+    records = [json.loads(l) for l in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+    epoch = [r for r in records if r["event"] == "epoch"][0]
+    assert 0.5 < epoch["test_loss"] < 20 and 0.5 < epoch["train_loss"] < 20, epoch
+    assert 0 <= epoch["test_acc"] <= 1
+    assert_same_params(params[0], params[1])
