@@ -45,6 +45,10 @@ def average_running_stats(net, dist: DistContext) -> int:
     across_ranks = dist.num_workers > 1 and dist.synchronous
     if not params or (not across_ranks and len(params[0].list_ctx()) == 1):
         return 0
+    # Under hybridize(static_alloc=True), MXNet 1.9.1's engine does not know that
+    # BatchNorm's backward writes the running statistics: reading them waits for nothing,
+    # and sees older values. Only waiting for everything makes them current.
+    mx.nd.waitall()
     cpu = mx.cpu()
     parts, averaged = [], []
     for param in params:
@@ -69,4 +73,5 @@ def average_running_stats(net, dist: DistContext) -> int:
         value = value.astype(param.dtype)
         for copy in param.list_data():
             value.copyto(copy)
+    mx.nd.waitall()  # and no later untracked write may overtake these copies
     return len(params)

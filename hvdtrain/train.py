@@ -20,7 +20,7 @@ from .checkpoint import Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
-from .evaluate import evaluate, tally_batch
+from .evaluate import evaluate, split_batch, tally_batch
 from .exchange import BucketedTrainer
 from .guard import FiniteGuard
 from . import precision
@@ -155,6 +155,20 @@ class Outputs:
     output_dir: Optional[str] = None
 
 
+def zero_gradients(net, sample, device):
+    """Write zero gradients, as fresh ones, on a `device` that got no part of the batch:
+    the Trainer refuses stale gradients, and the store sums every device's copy.
+
+    They come from the backward pass of a zero loss on one `sample`, so only public API is
+    used. Forward and backward both run in predict mode, which keeps BatchNorm's running
+    statistics out of it (MXNet 1.x moves them in the backward pass).
+    """
+    sample = sample.as_in_context(device)
+    with autograd.record(train_mode=False):
+        zero = net(sample).sum() * 0
+    autograd.backward([zero], train_mode=False)
+
+
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     """Run one epoch (or until `max_steps`) and return its totals over all ranks
     (this rank's own under ``dist_async``).
@@ -176,14 +190,13 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
             loop.lr_for_step(state.epoch * len(loader) + batch - 1))
-        xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=loop.dtype), loop.devices,
-                                        even_split=False)
-        ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=loop.dtype), loop.devices,
-                                        even_split=False)
+        xs, ys, idle = split_batch(images, labels, loop.devices, loop.dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
         precision.backward(losses, loop.trainer, loop.amp)
+        for idle_device in idle:  # an epoch's last batch had fewer samples than devices
+            zero_gradients(loop.net, xs[0][:1], idle_device)
         if dist.synchronous:
             loop.trainer.step(len(labels) * dist.num_workers)
         else:
