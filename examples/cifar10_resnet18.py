@@ -30,7 +30,7 @@ net = hvdtrain.build_model("resnet18_v1", classes=data.num_classes)
 
 dist = hvdtrain.DistContext.from_store(hvdtrain.create_store("horovod"))  # hvd.init() here
 hvdtrain.setup_logging(dist.rank)                              # INFO from rank 0 only
-devices = hvdtrain.select_devices(dist.local_rank, cfg.no_cuda)   # mx.gpu(local_rank)
+devices = hvdtrain.select_devices(dist.local_rank, cfg.no_cuda)   # gpu(local_rank % visible)
 
 hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank)
 trainer = hvdtrain.build_trainer(net, cfg, dist)               # Gluon Trainer on the store

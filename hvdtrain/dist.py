@@ -9,6 +9,9 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
+from .config import ConfigError
+from .log import info_on_every_rank
+
 logger = logging.getLogger("hvdtrain")
 
 # Set by hvdtrain-launch for parameter-server workers, which have no host-local rank of
@@ -75,6 +78,8 @@ class DistContext:
         """Sum a small array over all workers, in place, and return it.
 
         Every worker must call this with the same `name` and shape at the same point.
+        The sum is exact: it never travels compressed, whatever the store does with
+        gradients (a store that compresses offers ``sum_exact`` for this).
         """
         if self.num_workers == 1:
             return values
@@ -86,6 +91,8 @@ class DistContext:
                 key = self._named_keys[name] = NAMED_KEY_BASE + len(self._named_keys)
                 self.store.init(key, mx.nd.zeros(values.shape, dtype=values.dtype))
             self.store.pushpull(key, values, out=values)
+        elif hasattr(self.store, "sum_exact"):
+            self.store.sum_exact(name, values)
         else:
             self.store.pushpull(name, values)
         return values
@@ -94,18 +101,29 @@ class DistContext:
 def select_devices(local_rank: int, no_cuda: bool = False,
                    gpus: Optional[Sequence[int]] = None,
                    gpus_per_worker: Optional[int] = None) -> List[mx.Context]:
-    """The devices this worker computes on.
+    """The devices this worker computes on, logged by every rank.
+
+    A process may see fewer GPUs than its host has: Slurm's ``--gpus-per-task`` or
+    ``--gpu-bind``, a one-GPU Kubernetes pod, or a per-rank ``CUDA_VISIBLE_DEVICES``
+    show each rank its own GPUs, numbered from 0. Ranks are therefore bound to
+    ``local_rank % visible`` (groups of GPUs likewise), which is ``gpu(local_rank)`` when
+    every GPU is visible and the one GPU there is when one is.
 
     Parameters
     ----------
     local_rank : int
-        With one GPU per worker (Horovod), the worker takes ``gpu(local_rank)``.
+        Rank among this host's workers.
     no_cuda : bool
         Use the CPU even when GPUs are visible.
     gpus : sequence of int, optional
-        Explicit GPU ids for a worker that drives several GPUs.
+        Explicit GPU ids (as this process numbers them) for a worker driving several GPUs.
     gpus_per_worker : int, optional
-        A worker drives this many GPUs: ``local_rank * n`` to ``local_rank * n + n - 1``.
+        A worker drives this many GPUs: group ``local_rank % (visible // n)`` of them.
+
+    Raises
+    ------
+    ConfigError
+        If the GPUs asked for are not visible to this process.
     """
     if no_cuda:
         return [mx.cpu()]
@@ -114,17 +132,25 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         logger.warning("no GPU is visible to this process; training on the CPU "
                        "(pass --no-cuda to silence this)")
         return [mx.cpu()]
+    seen = (f"this process sees {visible} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     if gpus:
         wanted = list(gpus)
+        missing = [g for g in wanted if g >= visible]
+        if missing:
+            raise ConfigError(f"--gpus asks for GPU {missing[0]} but {seen}; ids count "
+                              f"from 0 among the visible GPUs")
     elif gpus_per_worker:
-        wanted = list(range(local_rank * gpus_per_worker, (local_rank + 1) * gpus_per_worker))
+        if gpus_per_worker > visible:
+            raise ConfigError(f"--gpus-per-worker {gpus_per_worker} cannot be met: {seen}")
+        first = local_rank % (visible // gpus_per_worker) * gpus_per_worker
+        wanted = list(range(first, first + gpus_per_worker))
     else:
-        wanted = [local_rank]
-    missing = [g for g in wanted if g >= visible]
-    if missing:
-        raise ValueError(f"GPU {missing[0]} was asked for but only {visible} are visible "
-                         f"on this host (local rank {local_rank})")
-    return [mx.gpu(g) for g in wanted]
+        wanted = [local_rank % visible]
+    devices = [mx.gpu(g) for g in wanted]
+    info_on_every_rank(logger, "local rank %d computes on %s; %s", local_rank,
+                       ", ".join(map(str, devices)), seen)
+    return devices
 
 
 def share_cpu_threads(local_size: int, environ=os.environ) -> Optional[int]:

@@ -26,11 +26,27 @@ class EvalResult:
         return self.loss_sum / self.count if self.count else 0.0
 
 
+def split_batch(images, labels, devices, dtype="float32"):
+    """Split one numpy batch over `devices` as evenly as it goes.
+
+    A batch with fewer samples than devices (an epoch's last one) goes to the first
+    ``len(labels)`` devices; MXNet's ``split_and_load`` would fail on it.
+
+    Returns
+    -------
+    (list of NDArray, list of NDArray, list of Context)
+        Images and labels per used device, and the devices left idle.
+    """
+    used = devices[:max(1, min(len(devices), len(labels)))]
+    xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=dtype), used, even_split=False)
+    ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=dtype), used, even_split=False)
+    return xs, ys, devices[len(used):]
+
+
 def score_batch(net, loss_fn, images, labels, devices, dtype="float32"):
     """Forward one numpy batch over `devices`; returns (correct, loss sum) NDArrays on the
     first device, still lazy, so the caller decides when to wait for them."""
-    xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=dtype), devices, even_split=False)
-    ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=dtype), devices, even_split=False)
+    xs, ys, _ = split_batch(images, labels, devices, dtype)
     outs = [net(x) for x in xs]
     return tally_batch(outs, ys, [loss_fn(o, y) for o, y in zip(outs, ys)], devices[0])
 

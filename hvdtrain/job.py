@@ -74,6 +74,15 @@ def build_outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Out
                    TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir)
 
 
+def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:
+    """Refuse several devices without a store: nothing would sum their gradients, and
+    each device's copy of the model would drift away from the others unnoticed."""
+    if dist.store is None and len(devices) > 1:
+        raise ConfigError(f"--kvstore {kvstore} cannot train on {len(devices)} devices "
+                          f"({', '.join(map(str, devices))}): nothing would sum their "
+                          f"gradients; use --kvstore device (or local, or horovod)")
+
+
 def resume_state(path: Optional[str], net, trainer, devices, dist: DistContext,
                  worker_batch: int) -> TrainState:
     """Load checkpoint `path` on this rank and return where training continues.
@@ -122,6 +131,7 @@ def train(cfg: TrainConfig, devices=None) -> Run:
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
     precision.check_devices(cfg, devices)
+    check_store_for_devices(cfg.kvstore, dist, devices)
     worker_batch = cfg.batch_size * len(devices)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
     precision.cast(net, cfg)

@@ -124,10 +124,20 @@ class HorovodKVStore(KVStoreBase):
         value : NDArray, list of NDArray, or a list of those (one per key)
             For one key, its copies on this worker's devices, which are summed first.
         out : same structure as `value`, optional
-            Where the sums go; by default they overwrite `value` in place.
+            Where the sums go, leaving `value` untouched (as MXNet's own stores do); by
+            default the sums overwrite `value` in place.
         priority : int, optional
             Higher runs earlier in MXNet's engine.
         """
+        self._pushpull(key, value, out, priority, compress=self._fp16_wire)
+
+    def sum_exact(self, key, value, out=None, priority=0):
+        """:meth:`pushpull`, never compressed: for the run's bookkeeping (metric sums,
+        finite-loss and agreement checks, running statistics), which must be exact
+        even when gradients travel as float16."""
+        self._pushpull(key, value, out, priority, compress=False)
+
+    def _pushpull(self, key, value, out, priority, compress):
         if isinstance(key, (list, tuple)):
             keys, values = list(key), list(value)
             outs = list(out) if out is not None else [None] * len(keys)
@@ -136,17 +146,19 @@ class HorovodKVStore(KVStoreBase):
         else:
             keys, values, outs = [key], [value], [out]
 
-        tensors = [self._local_sum(v) for v in values]
+        # With `out` given the sum is taken in a copy: `value` must stay as it was.
+        tensors = [self._local_sum(v, fresh=d is not None) for v, d in zip(values, outs)]
         if not self._alone:
-            self._allreduce(keys, tensors, priority)
+            self._allreduce(keys, tensors, priority, compress)
         for tensor, vals, dest in zip(tensors, values, outs):
             for target in _as_list(dest if dest is not None else vals):
                 if target is not tensor:
                     tensor.copyto(target)
 
-    def _allreduce(self, keys, tensors, priority):
-        """Sum `tensors` over all workers in place, compressed on the wire if asked."""
-        sent = [self._wire_copy(key, tensor) for key, tensor in zip(keys, tensors)]
+    def _allreduce(self, keys, tensors, priority, compress):
+        """Sum `tensors` over all workers in place, as float16 on the wire if `compress`."""
+        sent = [self._wire_copy(key, tensor) if compress else tensor
+                for key, tensor in zip(keys, tensors)]
         if len(keys) == 1:
             self._hvd.allreduce_(sent[0], op=self._hvd.Sum, name=f"allreduce.{keys[0]}",
                                  priority=priority)
@@ -158,11 +170,11 @@ class HorovodKVStore(KVStoreBase):
                 mx.nd.cast(data, dtype=tensor.dtype, out=tensor)
 
     def _wire_copy(self, key, tensor):
-        """What goes on the wire for `tensor`: itself, or with fp16 compression a float16
-        copy in a buffer kept per key. Fresh copies every step (Horovod's
-        ``Compression.fp16``) fragmented the heap: a rank's RSS grew by about 12 MB a step
-        with ResNet-18."""
-        if not self._fp16_wire or tensor.dtype not in (np.float32, np.float64):
+        """What goes on the wire for `tensor` under fp16 compression: a float16 copy in a
+        buffer kept per key (integer tensors go as they are). Fresh copies every step
+        (Horovod's ``Compression.fp16``) fragmented the heap: a rank's RSS grew by about
+        12 MB a step with ResNet-18."""
+        if tensor.dtype not in (np.float32, np.float64):
             return tensor
         buffer = self._wire_buffers.get(key)
         if buffer is None or buffer.shape != tensor.shape or buffer.context != tensor.context:
@@ -172,11 +184,12 @@ class HorovodKVStore(KVStoreBase):
         return buffer
 
     @staticmethod
-    def _local_sum(value):
-        """One array holding the sum of a key's copies on this worker's devices."""
+    def _local_sum(value, fresh=False):
+        """One array holding the sum of a key's copies on this worker's devices: the copy
+        itself when there is one, unless `fresh` asks for a new array."""
         copies = _as_list(value)
         if len(copies) == 1:
-            return copies[0]
+            return copies[0].copy() if fresh else copies[0]
         total = copies[0].copy()
         for other in copies[1:]:
             total += other.as_in_context(total.context)

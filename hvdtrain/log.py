@@ -31,6 +31,15 @@ def setup_logging(rank: int, stream=None) -> logging.Logger:
     return logger
 
 
+def info_on_every_rank(logger: logging.Logger, message: str, *args) -> None:
+    """Log an INFO line on every rank, not only rank 0: for what differs between ranks
+    (e.g. which GPU each took). Handing the record to the handlers directly skips the
+    logger's level, which keeps other ranks' INFO lines quiet."""
+    if not logger.disabled:
+        logger.handle(logger.makeRecord(logger.name, logging.INFO, "(hvdtrain)", 0, message,
+                                        args, None))
+
+
 class MetricsWriter:
     """Append one JSON object per line to ``metrics.jsonl``; only on the root rank.
 

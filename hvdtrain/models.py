@@ -26,6 +26,18 @@ def simple_cnn(classes: int) -> nn.HybridBlock:
     return net
 
 
+def bn_cnn(classes: int) -> nn.HybridBlock:
+    """Two convolutions, each followed by BatchNorm, and a dense layer: the smallest model
+    with running statistics (arrays no gradient reaches), as resnet18_v1 has, for tests and
+    quick runs of the paths BatchNorm takes."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(16, 3, padding=1, use_bias=False), nn.BatchNorm(), nn.Activation("relu"),
+            nn.Conv2D(32, 3, padding=1, use_bias=False), nn.BatchNorm(), nn.Activation("relu"),
+            nn.GlobalAvgPool2D(),
+            nn.Dense(classes))
+    return net
+
+
 def mlp(classes: int) -> nn.HybridBlock:
     """A two-layer perceptron over flattened pixels."""
     net = nn.HybridSequential()
@@ -35,6 +47,7 @@ def mlp(classes: int) -> nn.HybridBlock:
 
 SMALL_MODELS: Dict[str, Callable[[int], nn.HybridBlock]] = {
     "simple_cnn": simple_cnn,
+    "bn_cnn": bn_cnn,
     "mlp": mlp,
 }
 

@@ -21,13 +21,14 @@ from .checkpoint import CHECKPOINTS, Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
-from .evaluate import evaluate, tally_batch
+from .evaluate import evaluate, split_batch, tally_batch
 from .exchange import BucketedTrainer
 from .guard import FiniteGuard
 from . import precision
 from .loader import BatchLoader
 from .log import MetricsWriter
 from .sampler import SplitSampler
+from .replicas import average_running_stats
 from .report import TensorBoardWriter, progress_bar, summary_lines
 from .schedule import effective_base_lr, lr_at
 
@@ -168,6 +169,20 @@ class Outputs:
         return paths
 
 
+def zero_gradients(net, sample, device):
+    """Write zero gradients, as fresh ones, on a `device` that got no part of the batch:
+    the Trainer refuses stale gradients, and the store sums every device's copy.
+
+    They come from the backward pass of a zero loss on one `sample`, so only public API is
+    used. Forward and backward both run in predict mode, which keeps BatchNorm's running
+    statistics out of it (MXNet 1.x moves them in the backward pass).
+    """
+    sample = sample.as_in_context(device)
+    with autograd.record(train_mode=False):
+        zero = net(sample).sum() * 0
+    autograd.backward([zero], train_mode=False)
+
+
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     """Run one epoch (or until `max_steps`) and return its totals over all ranks
     (this rank's own under ``dist_async``).
@@ -189,14 +204,13 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
             loop.lr_for_step(state.epoch * len(loader) + batch - 1))
-        xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=loop.dtype), loop.devices,
-                                        even_split=False)
-        ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=loop.dtype), loop.devices,
-                                        even_split=False)
+        xs, ys, idle = split_batch(images, labels, loop.devices, loop.dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
         precision.backward(losses, loop.trainer, loop.amp)
+        for idle_device in idle:  # an epoch's last batch had fewer samples than devices
+            zero_gradients(loop.net, xs[0][:1], idle_device)
         if dist.synchronous:
             loop.trainer.step(len(labels) * dist.num_workers)
         else:
@@ -269,6 +283,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         epoch = state.epoch
         train_loader.sampler.set_epoch(epoch)
         stats = train_epoch(loop, train_loader, state)
+        # Training stops here until the next epoch: what is evaluated now, checkpointed
+        # below and saved at the end is one model, the same on every rank and device.
+        average_running_stats(net, dist)
         result = evaluate(net, test_loader, devices, dist, loop.dtype)
         state.epoch += 1
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "

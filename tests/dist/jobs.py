@@ -31,14 +31,15 @@ def launcher(name, np_=2):
 LAUNCHERS = ["horovodrun", "horovodrun-gloo", "mpirun"]
 
 
-def run_ranks(prefix, out_dir, flags, timeout=JOB_TIMEOUT):
+def run_ranks(prefix, out_dir, flags, timeout=JOB_TIMEOUT, env=None):
     """Run rank_worker.py under `prefix` (a launcher, or [] for one plain process);
     return the per-rank JSON results and parameter arrays, ordered by rank."""
     cmd = list(prefix) + [sys.executable, os.path.join(HERE, "rank_worker.py"), str(out_dir)]
-    proc = run_command(cmd + list(flags), timeout=timeout)
+    proc = run_command(cmd + list(flags), timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:]
     results = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out_dir, "rank*.json")))]
     params = [dict(np.load(os.path.join(out_dir, f"rank{r['rank']}.npz"))) for r in results]
+    assert params, proc.stdout[-4000:]
     return results, params, proc.stdout
 
 

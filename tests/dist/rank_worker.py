@@ -1,7 +1,10 @@
 """One rank of a test job: train through hvdtrain's CLI path, then dump what tests compare.
 
 Usage: python rank_worker.py OUT_DIR [hvdtrain flags...]
-Writes OUT_DIR/rank<R>.json (layout and results) and OUT_DIR/rank<R>.npz (parameters).
+Writes OUT_DIR/rank<R>.json (layout and results) and OUT_DIR/rank<R>.npz (every array of
+the model, BatchNorm running statistics included, named as in model.params). With
+HVDTRAIN_DUMP_START=1 it also writes OUT_DIR/rank<R>-start.npz: the arrays as training
+starts (after the first broadcast).
 """
 import json
 import os
@@ -10,17 +13,35 @@ import sys
 
 import numpy as np
 
+import hvdtrain.job
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
 
 
+def model_arrays(net):
+    """Every array of `net` (each device copy of it), named as ``save_parameters`` names
+    them; device copies after the first get a ``@<n>`` suffix."""
+    arrays = {}
+    for name, param in net._collect_params_with_prefix().items():  # pylint: disable=protected-access
+        for index, copy in enumerate(param.list_data()):
+            arrays[name if index == 0 else f"{name}@{index}"] = copy.asnumpy()
+    return arrays
+
+
+def dump_at_start(fit):
+    def wrapped(net, trainer, data, devices, dist, *args, **kwargs):
+        np.savez(os.path.join(sys.argv[1], f"rank{dist.rank}-start.npz"), **model_arrays(net))
+        return fit(net, trainer, data, devices, dist, *args, **kwargs)
+    return wrapped
+
+
 def main():
     out_dir, argv = sys.argv[1], sys.argv[2:]
+    if os.environ.get("HVDTRAIN_DUMP_START") == "1":
+        hvdtrain.job.fit = dump_at_start(hvdtrain.job.fit)
     run = train(parse_config(argv))
     dist = run.dist
-    params = {f"p{i:03d}": p.data().asnumpy()
-              for i, p in enumerate(run.net.collect_params().values())}
-    np.savez(os.path.join(out_dir, f"rank{dist.rank}.npz"), **params)
+    np.savez(os.path.join(out_dir, f"rank{dist.rank}.npz"), **model_arrays(run.net))
     with open(os.path.join(out_dir, f"rank{dist.rank}.json"), "w") as out:
         json.dump({"rank": dist.rank, "local_rank": dist.local_rank,
                    "num_workers": dist.num_workers, "local_size": dist.local_size,

@@ -19,21 +19,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = DIGITS + ["--model", "simple_cnn", "--lr", "0.05", "--batch-size", "32"]
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("model", ["simple_cnn", "bn_cnn"])
+def test_resume_matches_an_uninterrupted_run(model, tmp_path):
+    # bn_cnn: its BatchNorm running statistics are in the checkpoint, averaged over ranks.
+    flags = FLAGS + ["--model", model]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     straight.mkdir()
     stopped.mkdir()
     _, full, _ = run_ranks(launcher("horovodrun-gloo"), straight,
-                           FLAGS + ["--epochs", "3", "--output-dir", str(straight)])
+                           flags + ["--epochs", "3", "--output-dir", str(straight)])
     run_ranks(launcher("horovodrun-gloo"), stopped,
-              FLAGS + ["--epochs", "1", "--output-dir", str(stopped)])
+              flags + ["--epochs", "1", "--output-dir", str(stopped)])
     results, resumed, out = run_ranks(
         launcher("horovodrun-gloo"), stopped,
-        FLAGS + ["--epochs", "3", "--output-dir", str(stopped), "--resume", "auto"])
+        flags + ["--epochs", "3", "--output-dir", str(stopped), "--resume", "auto"])
     assert "resumed from" in out and "epoch 1, step 23" in out
     assert results[0]["steps"] == 3 * 23
     for rank in (0, 1):
         assert_same_params(full[rank], resumed[rank], atol=1e-6)
+    assert_same_params(resumed[0], resumed[1], atol=1e-6)
     # Both runs appended to one metrics file: epochs 0 and then 1, 2.
     records = [json.loads(l) for l in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]

@@ -5,7 +5,8 @@ from hvdtrain.config import ConfigError
 from hvdtrain.models import build_model, model_names
 
 
-@pytest.mark.parametrize("name,shape", [("simple_cnn", (2, 1, 8, 8)), ("mlp", (2, 1, 8, 8)),
+@pytest.mark.parametrize("name,shape", [("simple_cnn", (2, 1, 8, 8)), ("bn_cnn", (2, 1, 8, 8)),
+                                        ("mlp", (2, 1, 8, 8)),
                                         ("resnet18_v1", (2, 3, 32, 32))])
 def test_models_have_the_datasets_classes(name, shape):
     net = build_model(name, classes=7)

@@ -1,0 +1,43 @@
+"""Averaging the arrays no gradient reaches over a worker's devices (mx.cpu(i) stand in)."""
+import mxnet as mx
+import numpy as np
+from mxnet import autograd
+
+from hvdtrain.dist import DistContext
+from hvdtrain.models import build_model
+from hvdtrain.replicas import average_running_stats, untrained_params
+
+DEVICES = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
+
+
+def bn_net_with_drifted_stats():
+    net = build_model("bn_cnn", classes=10)
+    net.initialize(ctx=DEVICES)
+    rng = np.random.default_rng(0)
+    for index, device in enumerate(DEVICES):  # each device trains on its own batch
+        with autograd.record():
+            out = net(mx.nd.array(rng.normal(index, 1 + index, (4, 1, 8, 8)), ctx=device))
+        out.backward()  # MXNet 1.x moves the running statistics in BatchNorm's backward
+    return net
+
+
+def test_running_stats_become_the_mean_of_the_device_copies():
+    net = bn_net_with_drifted_stats()
+    stats = untrained_params(net)
+    assert [p.name.rsplit("_", 2)[-2:] for p in stats][:2] == [["running", "mean"],
+                                                               ["running", "var"]]
+    before = {p.name: [c.asnumpy() for c in p.list_data()] for p in stats}
+    assert not np.allclose(before[stats[0].name][0], before[stats[0].name][2])
+    assert average_running_stats(net, DistContext()) == len(stats) == 4
+    for param in stats:
+        expected = np.mean(before[param.name], axis=0)
+        for copy in param.list_data():
+            np.testing.assert_allclose(copy.asnumpy(), expected, rtol=1e-6, err_msg=param.name)
+        assert [c.context for c in param.list_data()] == DEVICES
+
+
+def test_nothing_to_do_for_one_device_and_one_worker():
+    net = build_model("bn_cnn", classes=10)
+    net.initialize()
+    assert average_running_stats(net, DistContext()) == 0
+    assert average_running_stats(build_model("mlp", 10), DistContext()) == 0
