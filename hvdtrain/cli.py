@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--finite-check-every", type=int, default=d.finite_check_every,
                      help="check every N steps that no rank's loss is NaN or infinite "
                           "(default: %(default)s)")
+    out.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
+                     help="a rank that completes no training or evaluation step for this long "
+                          "logs its last step and exits, ending the job (a frozen rank would "
+                          "otherwise hang it); also sets Horovod's stall check unless "
+                          "HOROVOD_STALL_* are set; 0: off (default: %(default)s)")
     out.add_argument("--log-interval", type=int, default=d.log_interval,
                      help="log every N steps within an epoch, 0 for epoch lines only "
                           "(default: %(default)s)")

@@ -46,6 +46,12 @@ class TrainConfig:
     grad_bucket_mb : float
         Gradients are reduced in grouped calls of at most this many MiB, last layer
         first (horovod store); 0 reduces each parameter on its own.
+    stall_timeout : float
+        A rank that completes no training or evaluation step for this many seconds logs
+        which step it last finished and exits, so a frozen rank ends the job instead of
+        hanging it (0: off). The default, 10 minutes, leaves room for what a healthy GPU
+        job does between two steps: cuDNN autotuning on the first step and writing a large
+        checkpoint can each take minutes.
     """
 
     batch_size: int = 64
@@ -82,6 +88,7 @@ class TrainConfig:
     dtype: str = "float32"
     amp: bool = False
     tensorboard: Optional[str] = None
+    stall_timeout: float = 600.0
 
     def __post_init__(self):
         validate(self)
@@ -131,7 +138,7 @@ def validate(cfg: TrainConfig) -> None:
     _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor",
               "gpus_per_worker", "checkpoint_every", "keep_checkpoints", "finite_check_every")
     _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
-                  "seed", "grad_bucket_mb")
+                  "seed", "grad_bucket_mb", "stall_timeout")
     _one_of(cfg, "kvstore", KVSTORES)
     _one_of(cfg, "dataset", DATASETS)
     _one_of(cfg, "optimizer", OPTIMIZERS)

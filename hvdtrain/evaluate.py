@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import mxnet as mx
 from mxnet import gluon
@@ -58,16 +59,21 @@ def tally_batch(outs, ys, losses, device):
     return correct, loss_sum
 
 
-def evaluate(net, loader, devices, dist: DistContext, dtype: str = "float32") -> EvalResult:
+def evaluate(net, loader, devices, dist: DistContext, dtype: str = "float32",
+             on_batch: Optional[Callable[[int], None]] = None) -> EvalResult:
     """Score every batch of this rank's shard of the test set, then sum
     (correct, count, loss) over all ranks with the store (under ``dist_async``, where the
-    loader covers the whole test set, this rank's own figures)."""
+    loader covers the whole test set, this rank's own figures).
+
+    `on_batch` is called with the batch number after each batch (the stall watchdog)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     totals = mx.nd.zeros(3, ctx=devices[0])
-    for images, labels in loader:
+    for batch, (images, labels) in enumerate(loader, 1):
         correct, loss_sum = score_batch(net, loss_fn, images, labels, devices, dtype)
         totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
                                loss_sum, dim=0)
+        if on_batch is not None:
+            on_batch(batch)
     if dist.synchronous:
         totals = dist.sum_across_workers("eval_totals", totals.as_in_context(mx.cpu()))
     correct, count, loss_sum = (float(v) for v in totals.asnumpy())

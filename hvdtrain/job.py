@@ -26,6 +26,7 @@ from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .report import TensorBoardWriter
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
+from .watchdog import Watchdog, horovod_stall_env
 
 logger = logging.getLogger("hvdtrain")
 
@@ -114,14 +115,25 @@ def train(cfg: TrainConfig, devices=None) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it).
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
+    From the first collective (``hvd.init()``) on, a :class:`Watchdog` ends this process
+    when no step completes for ``cfg.stall_timeout`` seconds.
     """
     setup_logging(rank=0)
     resume_from = resolve_resume(cfg.resume, cfg.output_dir)
     data = load_dataset(cfg.dataset, cfg.data_dir)
     precision.init_amp(cfg)
     net = build_model(cfg.model_name, data.num_classes)
+    if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
+        os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+    with Watchdog(cfg.stall_timeout) as watchdog:
+        return _train(cfg, devices, resume_from, data, net, watchdog)
+
+
+def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
+           watchdog: Watchdog) -> Run:
     dist = build_dist(cfg)
     setup_logging(dist.rank)
+    watchdog.set_rank(dist.rank)
     threads = share_cpu_threads(dist.local_size)
     if threads:
         logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
@@ -141,8 +153,9 @@ def train(cfg: TrainConfig, devices=None) -> Run:
         if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
+    watchdog.beat("start-up (parameters broadcast)")
     result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
-                 state)
+                 state, watchdog)
     if cfg.output_dir and dist.is_root:
         logger.info("parameters saved to %s",
                     save_params(net, os.path.join(cfg.output_dir, "model.params")))

@@ -31,6 +31,7 @@ from .sampler import SplitSampler
 from .replicas import average_running_stats
 from .report import TensorBoardWriter, progress_bar, summary_lines
 from .schedule import effective_base_lr, lr_at
+from .watchdog import Watchdog
 
 logger = logging.getLogger("hvdtrain")
 
@@ -144,6 +145,7 @@ class Loop:
     progress: bool = False
     amp: bool = False
     dtype: str = "float32"
+    watchdog: Optional[Watchdog] = None
 
 
 @dataclass
@@ -224,6 +226,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         state.step += 1
         loop.guard.observe(batch_loss, state.step)
         loop.guard.check(state.step)
+        if loop.watchdog is not None:
+            loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if bar is not None:
             bar.update(1)
             if batch % PROGRESS_EVERY == 0:  # reading the loss waits for the device
@@ -249,9 +253,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
-        outputs: Optional[Outputs] = None, state: Optional[TrainState] = None) -> dict:
+        outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
+        watchdog: Optional[Watchdog] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
-    each, writing `outputs`; return the final figures."""
+    each, writing `outputs`; return the final figures. Every completed step beats
+    `watchdog`."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -267,7 +273,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), cfg.max_steps,
-                cfg.log_interval, show_progress, cfg.amp, precision.input_dtype(cfg))
+                cfg.log_interval, show_progress, cfg.amp, precision.input_dtype(cfg),
+                watchdog)
     logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -286,7 +293,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
         average_running_stats(net, dist)
-        result = evaluate(net, test_loader, devices, dist, loop.dtype)
+        result = evaluate(net, test_loader, devices, dist, loop.dtype,
+                          on_batch=None if watchdog is None else
+                          lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         state.epoch += 1
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
                     "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,

@@ -58,31 +58,69 @@ def test_resume_from_two_ranks_to_one(tmp_path):
 LONG_RUN = [tool("hvdtrain"), *DIGITS, "--epochs", "500"]
 
 
-@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo", "mpirun",
-                                  "hvdtrain-launch"])
-def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
+ALL_LAUNCHERS = ["horovodrun", "horovodrun-gloo", "mpirun", "hvdtrain-launch"]
+
+
+def start_long_job(name, extra=()):
+    """Start a long digits run with two workers under launcher `name`; return the launcher
+    process, the tag its processes carry, and the pids of the two training processes
+    (rank or worker order) once both run."""
     tag = uuid.uuid4().hex
     if name == "hvdtrain-launch":
         cmd = [tool("hvdtrain-launch"), "-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
-               *LONG_RUN, "--kvstore", "dist_sync"]
+               *LONG_RUN, "--kvstore", "dist_sync", *extra]
         victims = lambda: role_pids(tag, "worker")  # noqa: E731
     else:
         cmd = launcher(name) + (["-x", "HVDTRAIN_TEST_TAG"] if name == "mpirun" else []) \
-            + LONG_RUN
+            + LONG_RUN + list(extra)
         victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
     proc = tagged_launch(cmd, tag)
     deadline = time.monotonic() + 90
     while len(victims()) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
         time.sleep(0.2)
+    return proc, tag, victims()
+
+
+@pytest.mark.parametrize("name", ALL_LAUNCHERS)
+def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
+    proc, tag, ranks = start_long_job(name)
     time.sleep(3)  # mid-epoch
-    os.kill(victims()[1], signal.SIGKILL)
+    os.kill(ranks[1], signal.SIGKILL)
     killed = time.monotonic()
     out = reap(proc, tag, timeout=60)
     elapsed = time.monotonic() - killed
     print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after kill -9 of one rank")
     assert proc.returncode != 0, out[-2000:]
     assert elapsed < 60
+
+
+def _wait_for_training(out_dir, timeout=120):
+    """Wait until rank 0 has finished an epoch (so start-up is over on every rank)."""
+    deadline = time.monotonic() + timeout
+    metrics = out_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and '"event": "epoch"' in metrics.read_text():
+            return
+        time.sleep(0.2)
+    pytest.fail("no epoch finished")
+
+
+@pytest.mark.parametrize("name", ALL_LAUNCHERS)
+def test_a_frozen_rank_ends_the_job(name, tmp_path):
+    """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
+    stops the job, and nothing is left (under MPI Horovod's own stall check never fires)."""
+    proc, tag, ranks = start_long_job(name, ["--stall-timeout", "30", "--output-dir",
+                                             str(tmp_path)])
+    _wait_for_training(tmp_path)
+    os.kill(ranks[1], signal.SIGSTOP)
+    stopped = time.monotonic()
+    out = reap(proc, tag, timeout=90)
+    elapsed = time.monotonic() - stopped
+    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after SIGSTOP of one rank")
+    assert proc.returncode != 0, out[-3000:]
+    assert "made no progress for" in out and "--stall-timeout 30" in out, out[-3000:]
+    assert elapsed < 60, out[-3000:]
 
 
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):

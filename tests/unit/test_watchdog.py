@@ -1,0 +1,61 @@
+"""The stall watchdog: fires once after the timeout without a beat, never while beats come."""
+import logging
+import time
+
+from hvdtrain.watchdog import (STALL_CHECK_ENV, STALL_SHUTDOWN_ENV, Watchdog,
+                               horovod_stall_env)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_fires_after_timeout_naming_rank_and_last_step(caplog):
+    clock, exits = FakeClock(), []
+    dog = Watchdog(30, rank=1, clock=clock, exit=exits.append)
+    dog.beat("training step 7 (epoch 1)")
+    clock.now += 29
+    assert not dog.check() and exits == []
+    dog.beat("training step 8 (epoch 1)")
+    clock.now += 29.9
+    assert not dog.check()
+    clock.now += 0.2
+    with caplog.at_level(logging.ERROR, logger="hvdtrain"):
+        assert dog.check()
+    assert exits == [1]
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "rank 1 made no progress for 30 s" in record.getMessage()
+    assert "last completed: training step 8 (epoch 1)" in record.getMessage()
+
+
+def test_thread_exits_the_process_when_no_step_comes():
+    exits = []
+    with Watchdog(0.3, rank=0, exit=exits.append, interval=0.05):
+        deadline = time.monotonic() + 10
+        while not exits and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert exits == [1]
+
+
+def test_beats_keep_it_quiet_and_zero_turns_it_off():
+    exits = []
+    with Watchdog(0.5, rank=0, exit=exits.append, interval=0.05) as dog:
+        for step in range(20):
+            dog.beat(f"training step {step}")
+            time.sleep(0.05)
+    assert exits == []
+    with Watchdog(0, exit=exits.append) as dog:
+        assert dog._thread is None  # pylint: disable=protected-access
+    assert exits == []
+
+
+def test_horovod_stall_variables_follow_the_timeout_unless_set():
+    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "600"}
+    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "30"}
+    assert horovod_stall_env(2.5, {}) == {STALL_CHECK_ENV: "1", STALL_SHUTDOWN_ENV: "3"}
+    assert horovod_stall_env(30, {STALL_CHECK_ENV: "5"}) == {STALL_SHUTDOWN_ENV: "30"}
+    assert horovod_stall_env(0, {}) == {}
