@@ -68,8 +68,12 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] && "$py" -c 'import hvdtrai
   exit 0
 fi
 
-# Build tools first: Horovod is built with --no-build-isolation against them.
-"${pip[@]}" install -c "$constraints" setuptools wheel 'cmake>=3.13'
+# pip, setuptools and wheel before anything else: Ubuntu 20.04's venv (the CUDA 11.2 image)
+# starts with pip 20.0.2, which cannot install a pyproject.toml project in editable mode.
+# constraints.txt pins them to the versions Horovod 0.28.1 is known to build with.
+"${pip[@]}" install -c "$constraints" --upgrade pip setuptools wheel
+# Build tools next: Horovod is built with --no-build-isolation against them.
+"${pip[@]}" install -c "$constraints" 'cmake>=3.13'
 "${pip[@]}" install -c "$constraints" "$mx_pkg" "numpy>=1.16,<1.24"
 
 hvd_ok() {
