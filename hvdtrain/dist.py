@@ -9,6 +9,9 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
+from . import gpus as gpu_info
+from .config import ConfigError
+
 logger = logging.getLogger("hvdtrain")
 
 # Set by hvdtrain-launch for parameter-server workers, which have no host-local rank of
@@ -106,6 +109,11 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         Explicit GPU ids for a worker that drives several GPUs.
     gpus_per_worker : int, optional
         A worker drives this many GPUs: ``local_rank * n`` to ``local_rank * n + n - 1``.
+
+    Raises
+    ------
+    ConfigError
+        A wanted GPU is not visible, or MXNet's CUDA build cannot run on it.
     """
     if no_cuda:
         return [mx.cpu()]
@@ -122,8 +130,11 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         wanted = [local_rank]
     missing = [g for g in wanted if g >= visible]
     if missing:
-        raise ValueError(f"GPU {missing[0]} was asked for but only {visible} are visible "
-                         f"on this host (local rank {local_rank})")
+        raise ConfigError(f"GPU {missing[0]} was asked for but only {visible} are visible "
+                          f"on this host (local rank {local_rank})")
+    # Before any GPU work: on a GPU MXNet has no kernels for, the first operator would
+    # fail deep inside CUDA instead.
+    gpu_info.check_supported(wanted)
     return [mx.gpu(g) for g in wanted]
 
 
