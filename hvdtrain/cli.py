@@ -38,6 +38,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+class _OnOffFlag(argparse.Action):
+    """``--NAME`` sets True, ``--no-NAME`` sets False, neither leaves the default.
+
+    ``argparse.BooleanOptionalAction`` does this from Python 3.9 on; the GPU image's Ubuntu
+    20.04 has Python 3.8, the floor setup.cfg declares.
+    """
+
+    def __init__(self, option_strings, dest, **kwargs):
+        names = [name for option in option_strings for name in (option, "--no-" + option[2:])]
+        super().__init__(names, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, not option_string.startswith("--no-"))
+
+    def format_usage(self):
+        return " | ".join(self.option_strings)
+
+
 def _int_list(text: str):
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
@@ -127,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     out = p.add_argument_group("output")
     out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl, checkpoints/ and "
                                           "model.params")
-    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    out.add_argument("--progress", action=_OnOffFlag, default=None,
                      help="a live progress bar on rank 0 (default: when stderr is a "
                           "terminal; plain log lines otherwise)")
     out.add_argument("--tensorboard", metavar="DIR",

@@ -3,8 +3,10 @@
 For each host: passwordless ssh works; the Python that runs here exists at the same path
 there, with the same hvdtrain (same install path), mxnet and horovod versions;
 ``import horovod.mxnet; hvd.init()`` succeeds (``horovodrun --check-build`` only reports how
-Horovod was built, not whether it loads against the installed MXNet); and how many GPUs
-MXNet sees. Prints one table; exits 1 if any host fails, 2 on bad input.
+Horovod was built, not whether it loads against the installed MXNet); whether MXNet is built
+with CUDA and Horovod with NCCL (as on this machine); how many GPUs MXNet sees, and each
+GPU's compute capability, which must be one mxnet-cu112 has kernels for. Prints one table
+and a line per GPU; exits 1 if any host fails, 2 on bad input.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 from typing import Dict, List
 
 from .config import ConfigError
+from .gpus import SUPPORTED_RANGE
 from .hostfile import read_hostfile
 
 PROBE = r"""
@@ -25,11 +28,17 @@ try:
     out["hvdtrain"] = hvdtrain.__version__
     out["hvdtrain_path"] = os.path.dirname(hvdtrain.__file__)
     import mxnet
+    from mxnet.runtime import Features
     out["mxnet"] = mxnet.__version__
+    out["cuda"] = Features().is_enabled("CUDA")
     out["gpus"] = mxnet.context.num_gpus()
+    from hvdtrain.gpus import read_gpus, runs_on
+    out["gpu_list"] = [[g.index, g.name, g.capability_text, runs_on(g.capability)]
+                       for g in read_gpus()]
     import horovod
     out["horovod"] = horovod.__version__
     import horovod.mxnet as hvd
+    out["nccl"] = bool(hvd.nccl_built())
     hvd.init()
     out["hvd_init"] = "ok"
 except Exception as err:
@@ -37,7 +46,8 @@ except Exception as err:
 print("HVDTRAIN-PROBE " + json.dumps(out))
 """
 
-COLUMNS = ("host", "ssh", "hvdtrain", "mxnet", "horovod", "hvd.init", "GPUs", "status")
+COLUMNS = ("host", "ssh", "hvdtrain", "mxnet", "horovod", "hvd.init", "CUDA", "NCCL", "GPUs",
+           "capability", "status")
 
 
 def probe_command(python: str) -> List[str]:
@@ -86,17 +96,39 @@ def check_host(host: str, expected: Dict, port=None, key=None, timeout=120) -> D
         row["status"] = (f"FAIL: {expected['python']} did not run there: "
                          + (proc.stderr.strip().splitlines() or ["no output"])[-1])
         return row
+    gpu_list = found.get("gpu_list", [])
     row.update(hvdtrain=found.get("hvdtrain", "-"), mxnet=found.get("mxnet", "-"),
-               horovod=found.get("horovod", "-"), GPUs=str(found.get("gpus", "-")))
+               horovod=found.get("horovod", "-"), GPUs=str(found.get("gpus", "-")),
+               CUDA=_yes_no(found.get("cuda")), NCCL=_yes_no(found.get("nccl")),
+               capability=",".join(cap for _, _, cap, _ in gpu_list) or "-")
     row["hvd.init"] = found.get("hvd_init", "FAIL")
+    row["gpu_list"] = gpu_list
     problems = []
     if "error" in found:
         problems.append(found["error"])
     for name in ("hvdtrain", "mxnet", "horovod", "hvdtrain_path"):
         if name in found and found[name] != expected.get(name):
             problems.append(f"{name} {found[name]} here is {expected.get(name)} locally")
+    for name, label in (("cuda", "CUDA in MXNet"), ("nccl", "NCCL in Horovod")):
+        if name in found and found[name] != expected.get(name):
+            problems.append(f"{label}: {_yes_no(found[name])} here, "
+                            f"{_yes_no(expected.get(name))} locally")
+    problems += [f"GPU {index} ({name}) has compute capability {cap}, outside "
+                 f"{SUPPORTED_RANGE}" for index, name, cap, runs in gpu_list if not runs]
     row["status"] = "FAIL: " + "; ".join(problems) if problems else "ok"
     return row
+
+
+def _yes_no(value) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def format_gpus(rows: List[Dict]) -> str:
+    """One line per GPU: host, CUDA index, name and compute capability."""
+    return "\n".join(
+        f"{row['host']}  GPU {index}: {name}, compute capability {cap}"
+        + ("" if runs else f" (unsupported: mxnet-cu112 runs on {SUPPORTED_RANGE})")
+        for row in rows for index, name, cap, runs in row.get("gpu_list", []))
 
 
 def format_table(rows: List[Dict]) -> str:
@@ -126,6 +158,9 @@ def main(argv=None) -> int:
     rows = [check_host(h.address, expected, args.ssh_port, args.ssh_identity_file)
             for h in hosts]
     print(format_table(rows))
+    gpu_lines = format_gpus(rows)
+    if gpu_lines:
+        print(gpu_lines)
     failed = [r["host"] for r in rows if r["status"] != "ok"]
     print(f"{len(rows) - len(failed)} of {len(rows)} hosts ready"
           + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
+from . import gpus as gpu_info
 from .config import ConfigError
 from .log import info_on_every_rank
 
@@ -123,7 +124,8 @@ def select_devices(local_rank: int, no_cuda: bool = False,
     Raises
     ------
     ConfigError
-        If the GPUs asked for are not visible to this process.
+        If the GPUs asked for are not visible to this process, or MXNet's CUDA build
+        cannot run on one of them.
     """
     if no_cuda:
         return [mx.cpu()]
@@ -147,6 +149,9 @@ def select_devices(local_rank: int, no_cuda: bool = False,
         wanted = list(range(first, first + gpus_per_worker))
     else:
         wanted = [local_rank % visible]
+    # Before any GPU work: on a GPU MXNet has no kernels for, the first operator would
+    # fail deep inside CUDA instead.
+    gpu_info.check_supported(wanted)
     devices = [mx.gpu(g) for g in wanted]
     info_on_every_rank(logger, "local rank %d computes on %s; %s", local_rank,
                        ", ".join(map(str, devices)), seen)

@@ -3,11 +3,16 @@
 # and Horovod 0.28.1 built from source against that MXNet. Idempotent: a second run only
 # checks, and the Horovod wheel is cached so it is built once per machine.
 #
-# Usage: scripts/install-deps.sh [--gpu] [--no-apt] [--venv DIR] [--system]
-#   --gpu      mxnet-cu112 and Horovod with NCCL (needs CUDA 11.2 and NCCL, as in our Dockerfile)
-#   --no-apt   skip the Debian packages (they are already there, or you are not root)
-#   --venv DIR virtual environment to create or reuse (default: .venv in the repo)
-#   --system   install into the current Python instead of a venv (the Docker image does this)
+# Usage: scripts/install-deps.sh [--gpu] [--no-apt] [--venv DIR] [--system] [--deps-only]
+#                                [--extras LIST]
+#   --gpu         mxnet-cu112 and Horovod with NCCL (needs CUDA 11.2 and NCCL, as in our
+#                 Dockerfile); checks that MXNet has CUDA and Horovod has NCCL
+#   --no-apt      skip the Debian packages (they are already there, or you are not root)
+#   --venv DIR    virtual environment to create or reuse (default: .venv in the repo)
+#   --system      install into the current Python instead of a venv
+#   --deps-only   everything but hvdtrain itself; needs only this script, check_build.py,
+#                 setup.cfg and constraints.txt (the Dockerfile's cached Horovod layer)
+#   --extras LIST hvdtrain extras besides cpu/gpu (default: test,demo)
 # Environment: HVDTRAIN_WHEEL_CACHE (default ~/.cache/hvdtrain/wheels) holds built wheels.
 set -euo pipefail
 
@@ -16,13 +21,17 @@ gpu=0
 apt=1
 venv="$here/.venv"
 system=0
+deps_only=0
+extras=test,demo
 while [ $# -gt 0 ]; do
   case "$1" in
     --gpu) gpu=1 ;;
     --no-apt) apt=0 ;;
     --venv) venv="$2"; shift ;;
     --system) system=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --deps-only) deps_only=1 ;;
+    --extras) extras="$2"; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -57,28 +66,31 @@ else
 fi
 pip=("$py" -m pip --disable-pip-version-check -q)
 constraints="$here/constraints.txt"
+check_build="$here/scripts/check_build.py"
 
 if [ "$gpu" = 1 ]; then mx_pkg=mxnet-cu112; extra=gpu; else mx_pkg=mxnet; extra=cpu; fi
+build_flags=()
+if [ "$gpu" = 1 ]; then build_flags=(--gpu); fi
 
 # What the Python side was installed from; when it has not changed, there is nothing to do.
 stamp_file="$("$py" -c 'import sys; print(sys.prefix)')/.hvdtrain-deps"
-stamp=$(cat "$0" "$constraints" "$here/setup.cfg" | sha256sum | cut -c1-16)-$extra
-if [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] && "$py" -c 'import hvdtrain' 2>/dev/null; then
+stamp=$(cat "$0" "$check_build" "$constraints" "$here/setup.cfg" | sha256sum | cut -c1-16)-$extra-$extras
+if [ "$deps_only" = 0 ] && [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] \
+    && "$py" -c 'import hvdtrain' 2>/dev/null; then
   log "up to date ($stamp_file)"
   exit 0
 fi
 
-# Build tools first: Horovod is built with --no-build-isolation against them.
-"${pip[@]}" install -c "$constraints" setuptools wheel 'cmake>=3.13'
+# pip, setuptools and wheel before anything else: Ubuntu 20.04's venv (the CUDA 11.2 image)
+# starts with pip 20.0.2, which cannot install a pyproject.toml project in editable mode.
+# constraints.txt pins them to the versions Horovod 0.28.1 is known to build with.
+"${pip[@]}" install -c "$constraints" --upgrade pip setuptools wheel
+# Build tools next: Horovod is built with --no-build-isolation against them.
+"${pip[@]}" install -c "$constraints" 'cmake>=3.13'
 "${pip[@]}" install -c "$constraints" "$mx_pkg" "numpy>=1.16,<1.24"
 
-hvd_ok() {
-  "$py" - <<'PY' 2>/dev/null
-import horovod
-import horovod.mxnet as hvd  # fails unless Horovod was built with MXNet support
-assert horovod.__version__ == "0.28.1" and hvd.gloo_built() and hvd.mpi_built()
-PY
-}
+# Horovod 0.28.1 with MXNet, Gloo and MPI (and, with --gpu, NCCL in Horovod, CUDA in MXNet).
+hvd_ok() { "$py" "$check_build" "${build_flags[@]}" >/dev/null 2>&1; }
 
 if ! hvd_ok; then
   cache="${HVDTRAIN_WHEEL_CACHE:-$HOME/.cache/hvdtrain/wheels}/$extra-$("$py" -c 'import sys; print("py%d%d" % sys.version_info[:2])')"
@@ -100,9 +112,30 @@ if ! hvd_ok; then
   # extra that would pull the CPU wheel over mxnet-cu112.
   "${pip[@]}" install --no-deps --force-reinstall "$wheel"
   "${pip[@]}" install -c "$constraints" cloudpickle psutil pyyaml packaging
-  hvd_ok || { log "Horovod installed but horovod.mxnet does not import with MXNet, Gloo and MPI"; exit 1; }
+  "$py" "$check_build" "${build_flags[@]}" || { log "MXNet or Horovod is not built as hvdtrain needs (above)"; exit 1; }
 fi
 
-"${pip[@]}" install -c "$constraints" -e "$here[$extra,test,demo]"
+if [ "$deps_only" = 1 ]; then
+  # hvdtrain's requirements, read from setup.cfg: install_requires and the extras.
+  mapfile -t reqs < <("$py" - "$here/setup.cfg" "$extra" ${extras//,/ } <<'PY'
+import configparser
+import sys
+
+cfg = configparser.ConfigParser()
+cfg.read(sys.argv[1])
+lines = cfg["options"]["install_requires"].splitlines()
+for name in sys.argv[2:]:
+    lines += cfg["options.extras_require"][name].splitlines()
+print("\n".join(sorted({line.strip() for line in lines if line.strip()})))
+PY
+)
+  "${pip[@]}" install -c "$constraints" "${reqs[@]}"
+  summary=$("$py" "$check_build" "${build_flags[@]}")
+  log "ready without hvdtrain itself: ${summary#check_build: ok: }"
+  exit 0
+fi
+
+"${pip[@]}" install -c "$constraints" -e "$here[$extra${extras:+,$extras}]"
+summary=$("$py" "$check_build" "${build_flags[@]}")
 echo "$stamp" > "$stamp_file"
-log "ready: $("$py" -c 'import mxnet, horovod, numpy; print("mxnet", mxnet.__version__, "horovod", horovod.__version__, "numpy", numpy.__version__)')"
+log "ready: ${summary#check_build: ok: }"

@@ -57,3 +57,9 @@ def test_half_precision_refused_on_cpu_devices():
     with pytest.raises(ConfigError, match="need a GPU"):
         check_devices(TrainConfig(dataset="digits", amp=True), [mx.cpu()])
     check_devices(TrainConfig(dataset="digits", amp=True), [mx.gpu(0)])
+
+
+@pytest.mark.parametrize("flags,expected", [([], None), (["--progress"], True),
+                                            (["--no-progress"], False)])
+def test_progress_is_an_on_off_flag_with_an_automatic_default(flags, expected):
+    assert parse_config(["--dataset", "digits"] + flags).progress is expected

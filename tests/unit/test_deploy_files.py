@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+import dockerfile
 from helpers import REPO
 from hvdtrain.cli import parse_config
 from hvdtrain.hostfile import read_hostfile
@@ -36,6 +37,65 @@ def test_dockerfile_installs_through_the_ci_script():
     assert "scripts/install-deps.sh --gpu" in text
     assert re.search(r"^FROM nvidia/cuda:11\.2\.\d+-cudnn8-devel", text, re.M)
     assert "Port 12345" in text and "EXPOSE 12345" in text
+
+
+DOCKERFILE = os.path.join(REPO, "Dockerfile")
+
+
+def _heavy_step(stage):
+    """Index of the RUN that builds Horovod (scripts/install-deps.sh) in `stage`."""
+    return dockerfile.step_running(stage, "scripts/install-deps.sh")
+
+
+def _two_stages():
+    found = dockerfile.stages(DOCKERFILE)
+    assert len(found) == 2, f"expected a build and a runtime stage, found {len(found)} stage(s)"
+    return found
+
+
+def _apt_packages(stage):
+    words = " ".join(args for args in stage.find("RUN") if "apt-get install" in args).split()
+    return {w.split("=")[0] for w in words if re.fullmatch(r"[a-z0-9][a-z0-9.+-]+(=\S+)?", w)}
+
+
+def test_dockerfile_builds_in_devel_and_runs_in_runtime():
+    build, final = _two_stages()
+    assert re.fullmatch(r"nvidia/cuda:11\.2\.\d+-cudnn8-devel-ubuntu20\.04", build.base)
+    assert re.fullmatch(r"nvidia/cuda:11\.2\.\d+-cudnn8-runtime-ubuntu20\.04", final.base)
+    assert "--deps-only" in build.instructions[_heavy_step(build)][1]
+    copies = [dockerfile.copy_sources(args) for args in final.find("COPY")]
+    assert (["/opt/hvdtrain/.venv"], "/opt/hvdtrain/.venv", {"from": build.name}) in copies
+    # Nothing to compile with in the image jobs run in.
+    packages = _apt_packages(final)
+    assert not {p for p in packages if p.endswith("-dev") or p == "build-essential"}, packages
+    assert {"libnccl2", "openmpi-bin", "openssh-server", "python3"} <= packages
+    assert {"libibverbs1", "librdmacm1", "ibverbs-providers"} <= packages, "RDMA libraries"
+    assert final.find("CMD") == ['["hvdtrain", "--help"]']
+
+
+def test_dockerfile_copies_sources_only_after_the_horovod_layer():
+    build, final = _two_stages()
+    heavy = _heavy_step(build)
+    before = [src for kw, args in build.instructions[:heavy] if kw == "COPY"
+              for src in dockerfile.copy_sources(args)[0]]
+    assert set(before) <= {"setup.cfg", "constraints.txt", "scripts/install-deps.sh",
+                           "scripts/check_build.py"}, before
+    assert not [args for kw, args in build.instructions[heavy:] if kw == "COPY"]
+    kinds = [(kw, args) for kw, args in final.instructions if kw in ("COPY", "RUN")]
+    venv = kinds.index(("COPY", "--from=build /opt/hvdtrain/.venv /opt/hvdtrain/.venv"))
+    sources = [i for i, (kw, args) in enumerate(kinds)
+               if kw == "COPY" and "hvdtrain" in dockerfile.copy_sources(args)[0]]
+    assert sources and sources[0] > venv, "hvdtrain's sources must come after the venv"
+
+
+def test_dockerfile_ssh_settings_survive_a_mount_on_root_ssh():
+    text = open(DOCKERFILE).read()
+    assert "/root/.ssh/config" not in text
+    final = _two_stages()[-1]
+    ssh = " ".join(final.find("RUN"))
+    assert re.search(r"Port 12345.*/etc/ssh/sshd_config", ssh)
+    assert re.search(r"Port 12345.*StrictHostKeyChecking no.*>> /etc/ssh/ssh_config", ssh)
+    assert final.find("EXPOSE") == ["12345"]
 
 
 HOSTFILES = os.path.join(REPO, "hostfiles")
