@@ -66,7 +66,7 @@ def test_asking_for_a_gpu_that_is_not_there_is_a_usage_error(monkeypatch, capsys
     _fake_host(monkeypatch, A100)
     code = cli.main(["--dataset", "digits", "--kvstore", "none", "--gpus", "3"])
     assert code == cli.EXIT_USAGE
-    assert "GPU 3 was asked for but only 1 are visible" in capsys.readouterr().err
+    assert "--gpus asks for GPU 3 but this process sees 1 GPU(s)" in capsys.readouterr().err
 
 
 def test_nvidia_smi_answer_is_parsed(monkeypatch):
