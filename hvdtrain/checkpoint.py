@@ -28,9 +28,25 @@ LATEST = "latest"
 META = "meta.json"
 PARAMS = "model.params"
 STATES = "trainer.states"
-_NAME = re.compile(r"^epoch-(\d{4,})$")
+# epoch-0003: after 3 whole epochs; epoch-0003-step-0000041: stopped inside the 4th epoch
+# at optimizer step 41.
+_NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?$")
+# What an interrupted save or prune leaves behind (never named epoch-*).
+_LEFTOVER_PREFIXES = (".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")
 
 logger = logging.getLogger("hvdtrain")
+
+
+def checkpoint_name(epoch: int, step: int, epoch_samples: int = 0) -> str:
+    """Folder name of a checkpoint after `epoch` whole epochs (and, inside the next epoch,
+    `epoch_samples` samples and `step` optimizer steps)."""
+    return f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if epoch_samples else "")
+
+
+def _order(name: str):
+    """Sort key of a checkpoint name: (epochs completed, step inside the next epoch)."""
+    found = _NAME.match(name)
+    return int(found.group(1)), int(found.group(2) or 0)
 
 
 class CheckpointError(ConfigError):
@@ -75,20 +91,21 @@ def param_shapes(net) -> Dict[str, List[int]]:
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
                     with_states: bool = True) -> str:
-    """Write checkpoint ``epoch-<meta['epoch']>`` and keep the newest `keep` ones.
+    """Write a checkpoint named after `meta`'s position and keep the newest `keep` ones.
 
     Parameters
     ----------
     meta : dict
-        Must hold ``epoch`` (epochs completed); saved as ``meta.json`` with the shapes.
+        Must hold ``epoch`` (epochs completed) and ``step``; ``epoch_samples`` marks a stop
+        inside the next epoch. Saved as ``meta.json`` with the shapes.
     with_states : bool
         False when the optimizer runs on parameter servers (``dist_async``).
     """
     folder = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(folder, exist_ok=True)
-    name = f"epoch-{meta['epoch']:04d}"
+    clear_leftovers(folder)
+    name = checkpoint_name(meta["epoch"], meta["step"], meta.get("epoch_samples", 0))
     tmp = os.path.join(folder, f".tmp-{name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     net.save_parameters(os.path.join(tmp, PARAMS))
     if with_states:
@@ -118,112 +135,101 @@ def _write_text(path: str, text: str) -> None:
         out.write(text)
 
 
-def complete_checkpoints(folder: str) -> List[str]:
-    """Complete ``epoch-*`` checkpoints in `folder`, oldest first."""
+def _named(folder: str) -> List[str]:
+    """Every ``epoch-*`` folder in `folder`, oldest first."""
     if not os.path.isdir(folder):
         return []
-    names = sorted((n for n in os.listdir(folder) if _NAME.match(n)),
-                   key=lambda n: int(_NAME.match(n).group(1)))
-    return [os.path.join(folder, n) for n in names if is_complete(os.path.join(folder, n))]
+    return [os.path.join(folder, n)
+            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)), key=_order)]
+
+
+def complete_checkpoints(folder: str) -> List[str]:
+    """Complete, valid ``epoch-*`` checkpoints in `folder`, oldest first."""
+    return [path for path in _named(folder) if is_complete(path)]
 
 
 def prune(folder: str, keep: int) -> None:
-    """Delete all but the newest `keep` complete checkpoints, and leftovers of crashes."""
+    """Delete all but the newest `keep` complete checkpoints.
+
+    Each is renamed out of the ``epoch-*`` namespace first, so a crash mid-delete leaves a
+    leftover (cleared by the next save or start), never a half-deleted checkpoint."""
     for old in complete_checkpoints(folder)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    for entry in os.listdir(folder):
-        if entry.startswith((".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")) and \
-                not entry.endswith(f"-{os.getpid()}"):
-            leftover = os.path.join(folder, entry)
-            if os.path.isdir(leftover):
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                os.remove(leftover)
+        doomed = os.path.join(folder, f".old-{os.path.basename(old)}-{os.getpid()}")
+        os.rename(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clear_leftovers(folder: str) -> List[str]:
+    """Remove what interrupted saves and prunes left in `folder`: temporary folders and
+    files, and ``epoch-*`` folders missing a file (a delete cut short). Call it only while
+    holding the output folder (see :mod:`hvdtrain.outdir`): another run's save in progress
+    looks the same. Returns the names removed."""
+    removed = []
+    if not os.path.isdir(folder):
+        return removed
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if not (entry.startswith(_LEFTOVER_PREFIXES) or (_NAME.match(entry) and
+                                                          _missing_files(path))):
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+        removed.append(entry)
+    return removed
+
+
+def _missing_files(path: str) -> bool:
+    """Whether checkpoint folder `path` lacks a file its save always writes."""
+    if not (os.path.isfile(os.path.join(path, META)) and
+            os.path.isfile(os.path.join(path, PARAMS))):
+        return True
+    try:
+        with open(os.path.join(path, META), encoding="utf-8") as src:
+            has_states = json.load(src).get("has_states")
+    except (OSError, ValueError, AttributeError):
+        return False  # damaged, not half-deleted: kept for the user to look at
+    return has_states is True and not os.path.isfile(os.path.join(path, STATES))
 
 
 def is_complete(path: str) -> bool:
-    """Whether `path` holds a checkpoint whose files were all written."""
+    """Whether `path` holds a checkpoint whose files were all written and whose
+    ``meta.json`` is valid."""
     try:
-        meta = read_meta(path)
+        read_meta(path)
     except CheckpointError:
         return False
-    needed = [PARAMS] + ([STATES] if meta.get("has_states") else [])
-    return all(os.path.isfile(os.path.join(path, f)) for f in needed)
+    return not _missing_files(path)
+
+
+def _whole(meta: Dict, key: str, default=None) -> int:
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} is {value!r}, not a whole number >= 0")
+    return value
 
 
 def read_meta(path: str) -> Dict:
-    """The ``meta.json`` of checkpoint `path`."""
+    """The validated ``meta.json`` of checkpoint `path` (raises CheckpointError)."""
     try:
         with open(os.path.join(path, META), encoding="utf-8") as src:
             meta = json.load(src)
-        int(meta["epoch"]), int(meta["step"])
-        return meta
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        if not isinstance(meta, dict):
+            raise TypeError("not an object")
+    except (OSError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: cannot read "
                               f"{META} ({err.__class__.__name__})") from None
-
-
-def latest_checkpoint(folder: str) -> Optional[str]:
-    """The newest complete checkpoint under `folder` (an output folder, its
-    ``checkpoints`` folder, or None when there is none)."""
-    if os.path.isdir(os.path.join(folder, CHECKPOINTS)):
-        folder = os.path.join(folder, CHECKPOINTS)
     try:
-        with open(os.path.join(folder, LATEST), encoding="utf-8") as src:
-            pointed = os.path.join(folder, src.read().strip())
-        if _NAME.match(os.path.basename(pointed)) and is_complete(pointed):
-            return pointed
-    except OSError:
-        pass
-    found = complete_checkpoints(folder)
-    return found[-1] if found else None
-
-
-def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> Optional[str]:
-    """The checkpoint `--resume` names: ``auto`` is the newest in `output_dir` (None if
-    there is none); a path is a checkpoint folder or a folder holding checkpoints."""
-    if not resume:
-        return None
-    if resume == "auto":
-        return latest_checkpoint(output_dir) if output_dir else None
-    if not os.path.exists(resume):
-        raise CheckpointError(f"--resume {resume} does not exist")
-    if os.path.exists(os.path.join(resume, META)) or os.path.exists(os.path.join(resume, PARAMS)):
-        read_meta(resume)
-        if not is_complete(resume):
-            raise CheckpointError(f"checkpoint {resume} is incomplete: files are missing")
-        return resume
-    found = latest_checkpoint(resume)
-    if found is None:
-        raise CheckpointError(f"--resume {resume} holds no complete checkpoint")
-    return found
-
-
-def restore(path: str, net, trainer, devices) -> Dict:
-    """Load checkpoint `path` into `net` and `trainer`; return its metadata.
-
-    Shapes are compared first, so a checkpoint of another model or dataset is refused with
-    the first mismatching parameter named.
-    """
-    meta = read_meta(path)
-    saved = meta.get("param_shapes", {})
-    current = param_shapes(net)
-    if set(saved) != set(current):
-        extra = sorted(set(saved) ^ set(current))[:3]
-        raise CheckpointError(f"checkpoint {path} is from another model "
-                              f"({meta.get('model')}): parameters differ, e.g. {extra}")
-    for name, shape in current.items():
-        if list(saved[name]) != shape:
-            raise CheckpointError(f"checkpoint {path} does not fit this model: {name} has "
-                                  f"shape {tuple(saved[name])} there, {tuple(shape)} here "
-                                  f"(model {meta.get('model')}, dataset {meta.get('dataset')})")
-    try:
-        net.load_parameters(os.path.join(path, PARAMS), ctx=devices)
-        if meta.get("has_states") and trainer is not None:
-            trainer.load_states(os.path.join(path, STATES))
-    except Exception as err:  # MXNet reports corrupt files as many exception types
-        first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
-        raise CheckpointError(f"checkpoint {path} is corrupt: {first}") from None
+        epoch, step = _whole(meta, "epoch"), _whole(meta, "step")
+        samples = _whole(meta, "epoch_samples", 0)
+        if not isinstance(meta.get("has_states", False), bool):
+            raise ValueError(f"has_states is {meta['has_states']!r}, not true or false")
+        name = os.path.basename(os.path.normpath(path))
+        if _NAME.match(name) and name != checkpoint_name(epoch, step, samples):
+            raise ValueError(f"epoch {epoch}, step {step} do not match the folder name")
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path} has an invalid {META}: {err}") from None
     return meta
 
 
@@ -247,13 +253,18 @@ class Checkpointer:
         self.keep = keep
         self.meta = dict(meta or {})
         self.with_states = with_states
+        # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
+        self.extra: Callable[[object], Dict] = lambda trainer: {}
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
-        """Save if this epoch is due; `state` has ``epoch`` (completed) and ``step``."""
+        """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
+        ``step`` and ``epoch_samples`` (inside the next epoch)."""
         if self.output_dir is None or not (last or state.epoch % self.every == 0):
             return None
         path = save_checkpoint(self.output_dir, net, trainer,
-                               dict(self.meta, epoch=state.epoch, step=state.step),
+                               dict(self.meta, epoch=state.epoch, step=state.step,
+                                    epoch_samples=getattr(state, "epoch_samples", 0),
+                                    **self.extra(trainer)),
                                self.keep, self.with_states)
         logger.info("checkpoint saved: %s", path)
         return path

@@ -12,34 +12,22 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
-
-import mxnet as mx
 
 from . import precision
-from .checkpoint import Checkpointer, CheckpointError, read_meta, resolve_resume, restore, save_params
+from .checkpoint import Checkpointer, read_meta, save_params
 from .config import ConfigError, TrainConfig
 from .data import load_dataset
 from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
 from .log import MetricsWriter, setup_logging
 from .models import build_model
+from .outdir import claim, refuse_fresh_run
 from .report import TensorBoardWriter
+from .resume import check_compatible, resolve_resume, resume_state
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
 
 logger = logging.getLogger("hvdtrain")
-
-
-def _check_output_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
 
 
 @dataclass
@@ -63,8 +51,10 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
     meta = {"config": cfg.to_dict(), "model": cfg.model_name, "dataset": cfg.dataset,
             "num_workers": dist.num_workers, "global_batch": worker_batch * dist.num_workers,
             "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
-    return Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
-                        enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
+    saver = Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
+                         enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
+    saver.extra = precision.loss_scale_state
+    return saver
 
 
 def build_outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Outputs:
@@ -84,62 +74,45 @@ def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:
                           f"gradients; use --kvstore device (or local, or horovod)")
 
 
-def resume_state(path: Optional[str], net, trainer, devices, dist: DistContext,
-                 worker_batch: int) -> TrainState:
-    """Load checkpoint `path` on this rank and return where training continues.
-
-    Every rank loads the same files (the checkpoint must be visible to all of them); the
-    ranks first agree that they found the same checkpoint, since a rank that loads nothing
-    would meet the others at a different collective and hang.
-    """
-    found = read_meta(path)["epoch"] + 1 if path else 0
-    total = dist.sum_across_workers("resume_check", mx.nd.array([found]))
-    if int(total.asscalar()) != found * dist.num_workers:
-        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
-                              f"{path or 'none'}); is the output folder shared by all ranks?")
-    if not path:
-        logger.info("no checkpoint to resume from: starting fresh")
-        return TrainState()
-    meta = restore(path, net, trainer, devices)
-    global_batch = worker_batch * dist.num_workers
-    if meta.get("global_batch") not in (None, global_batch):
-        logger.warning("resuming with a global batch of %d instead of %d (%d workers instead "
-                       "of %s): steps per epoch change, --lr now applies to the new global "
-                       "batch", global_batch, meta["global_batch"], dist.num_workers,
-                       meta.get("num_workers"))
-    logger.info("resumed from %s: epoch %d, step %d", path, meta["epoch"], meta["step"])
-    return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]))
-
-
 def train(cfg: TrainConfig, devices=None) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it).
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
-    From the first collective (``hvd.init()``) on, a :class:`Watchdog` ends this process
-    when no step completes for ``cfg.stall_timeout`` seconds.
+    Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
+    holding another run or in use) is refused before anything is written. From the first
+    collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step
+    completes for ``cfg.stall_timeout`` seconds.
     """
     setup_logging(rank=0)
-    resume_from = resolve_resume(cfg.resume, cfg.output_dir)
+    candidates = resolve_resume(cfg.resume, cfg.output_dir)
+    if candidates:
+        check_compatible(candidates[0], read_meta(candidates[0]), cfg)
     data = load_dataset(cfg.dataset, cfg.data_dir)
     precision.init_amp(cfg)
     net = build_model(cfg.model_name, data.num_classes)
+    if not cfg.resume:
+        refuse_fresh_run(cfg.output_dir)
     if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
         os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
     with Watchdog(cfg.stall_timeout) as watchdog:
-        return _train(cfg, devices, resume_from, data, net, watchdog)
+        dist = build_dist(cfg)
+        setup_logging(dist.rank)
+        watchdog.set_rank(dist.rank)
+        threads = share_cpu_threads(dist.local_size)
+        if threads:
+            logger.info("%d workers share this host: %d OpenMP threads each",
+                        dist.local_size, threads)
+        lock = claim(cfg.output_dir, dist)
+        try:
+            return _run(cfg, data, net, dist, devices, candidates, watchdog)
+        finally:
+            if lock is not None:
+                lock.release()
 
 
-def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
-           watchdog: Watchdog) -> Run:
-    dist = build_dist(cfg)
-    setup_logging(dist.rank)
-    watchdog.set_rank(dist.rank)
-    threads = share_cpu_threads(dist.local_size)
-    if threads:
-        logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
-                    threads)
-    if cfg.output_dir and dist.is_root:
-        _check_output_dir(cfg.output_dir)
+
+def _run(cfg: TrainConfig, data, net, dist: DistContext, devices, candidates,
+         watchdog: Watchdog) -> Run:
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
     precision.check_devices(cfg, devices)
@@ -149,8 +122,8 @@ def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
     precision.cast(net, cfg)
     trainer = build_trainer(net, cfg, dist)
     precision.attach_amp(trainer, cfg)
-    state = resume_state(resume_from, net, trainer, devices, dist, worker_batch) \
-        if cfg.resume else TrainState()
+    state = resume_state(candidates, net, trainer, devices, dist, cfg, worker_batch,
+                         len(data.train_y)) if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
     watchdog.beat("start-up (parameters broadcast)")

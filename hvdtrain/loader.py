@@ -92,17 +92,24 @@ class BatchLoader:
             images = random_crop_flip(images, rng)
         return normalize(images, self.mean, self.std), self.labels[index]
 
+    def first_batch(self) -> int:
+        """Number of this epoch's first batch: batches a resumed epoch already ran (the
+        sampler's ``processed`` samples over the global batch), so augmentation repeats."""
+        processed = getattr(self.sampler, "processed", 0)
+        return processed // (self.batch_size * getattr(self.sampler, "num_parts", 1))
+
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
         order = np.fromiter(self.sampler, dtype=np.int64, count=len(self.sampler))
         chunks = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        first = self.first_batch()
         if self.data_workers == 0:
-            for number, index in enumerate(chunks):
+            for number, index in enumerate(chunks, first):
                 yield self._make_batch(number, index)
             return
         with ThreadPoolExecutor(self.data_workers, thread_name_prefix="hvdtrain-data") as pool:
             pending = deque()
             ahead = 2 * self.data_workers
-            for number, index in enumerate(chunks):
+            for number, index in enumerate(chunks, first):
                 pending.append(pool.submit(self._make_batch, number, index))
                 if len(pending) > ahead:
                     yield pending.popleft().result()

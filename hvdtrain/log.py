@@ -56,13 +56,31 @@ class MetricsWriter:
 
     def __init__(self, path: Optional[str], enabled: bool = True):
         self.path = path if enabled else None
+        self._checked_end = False
         if self.path:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+    def _cut_last_line(self) -> bool:
+        """Whether the file ends inside a line (a crash mid-write): the next record must
+        then start on a fresh line instead of being glued onto the damaged one."""
+        try:
+            with open(self.path, "rb") as src:
+                src.seek(0, os.SEEK_END)
+                if src.tell() == 0:
+                    return False
+                src.seek(-1, os.SEEK_END)
+                return src.read(1) != b"\n"
+        except FileNotFoundError:
+            return False
 
     def write(self, event: str, **fields) -> None:
         if self.path is None:
             return
         line = json.dumps({"event": event, **fields}, sort_keys=False)
+        if not self._checked_end:
+            self._checked_end = True
+            if self._cut_last_line():
+                line = "\n" + line
         with open(self.path, "a", encoding="utf-8") as out:
             out.write(line + "\n")
             out.flush()

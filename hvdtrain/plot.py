@@ -22,12 +22,25 @@ def load_runs(path: str) -> List[Dict]:
     """The runs in one metrics file: ``{"config": ..., "label": ..., "epochs": [...]}``."""
     runs: List[Dict] = []
     try:
-        with open(path, encoding="utf-8") as src:
-            records = [json.loads(line) for line in src if line.strip()]
+        with open(path, encoding="utf-8", errors="replace") as src:
+            lines = [line for line in src if line.strip()]
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror}") from None
-    except ValueError:
-        raise ConfigError(f"{path} is not a metrics.jsonl file (a line is not JSON)") from None
+    records, damaged = [], 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            damaged += 1  # e.g. the last line of a run that crashed while writing it
+    if damaged:
+        if not records:
+            raise ConfigError(f"{path} is not a metrics.jsonl file (no line is JSON)")
+        print(f"hvdtrain-plot: warning: {path}: skipped {damaged} damaged line(s) of "
+              f"{len(lines)}", file=sys.stderr)
     for record in records:
         event = record.get("event")
         if event == "start" and not (runs and record.get("start_epoch", 0) > 0):

@@ -38,6 +38,15 @@ class SplitSampler:
     pad : bool, default True
         Pad to equal part lengths. Evaluation passes False so that each sample is counted
         exactly once (parts then differ in length by at most one).
+
+    A run stopped inside an epoch resumes it with ``set_epoch(epoch, processed)``: like
+    Horovod's ``ElasticSampler.processed_num``, `processed` counts the samples all workers
+    together have trained on this epoch, and the iteration yields only the rest. In strided
+    mode those were the first `processed` positions of the permutation, so the rest is split
+    over however many workers there are now; padding still wraps from the permutation's start,
+    so with the same worker count the batches are exactly those an uninterrupted epoch runs.
+    In contiguous mode each part skips ``processed // num_parts`` of its own block, which is
+    only right with the worker count the run stopped with.
     """
 
     def __init__(self, length, num_parts=1, part_index=0, shuffle=False, seed=0,
@@ -56,10 +65,15 @@ class SplitSampler:
         self.mode = mode
         self.pad = bool(pad)
         self.epoch = 0
+        self.processed = 0
 
-    def set_epoch(self, epoch):
-        """Select the epoch whose permutation the next iteration yields."""
+    def set_epoch(self, epoch, processed=0):
+        """Select the epoch whose permutation the next iteration yields, leaving out the
+        `processed` samples all workers together already trained on in it."""
+        if not 0 <= int(processed) < self.length:
+            raise ValueError(f"processed must be in [0, {self.length}), got {processed}")
         self.epoch = int(epoch)
+        self.processed = int(processed)
 
     def permutation(self):
         """The order of the whole dataset this epoch, identical on every rank."""
@@ -70,19 +84,26 @@ class SplitSampler:
     def indices(self):
         """This part's indices for the current epoch, as an int64 array."""
         order = self.permutation()
+        contiguous = self.mode == "contiguous" and self.pad
+        rest = order if contiguous else order[self.processed:]
         if self.pad:
-            total = -(-self.length // self.num_parts) * self.num_parts
-            order = np.resize(order, total)  # np.resize repeats from the start: wraps
-        if self.mode == "strided" or not self.pad:
-            return order[self.part_index::self.num_parts]
-        size = len(order) // self.num_parts
-        return order[self.part_index * size:(self.part_index + 1) * size]
+            # Wrap around from the permutation's start (np.resize repeats cyclically).
+            missing = -len(rest) % self.num_parts
+            rest = np.concatenate([rest, np.resize(order, missing)])
+        if not contiguous:
+            return rest[self.part_index::self.num_parts]
+        size = len(rest) // self.num_parts
+        block = rest[self.part_index * size:(self.part_index + 1) * size]
+        return block[self.processed // self.num_parts:]
 
     def __iter__(self):
         return iter(self.indices().tolist())
 
     def __len__(self):
         if self.pad:
-            return -(-self.length // self.num_parts)
-        extra = 1 if self.part_index < self.length % self.num_parts else 0
-        return self.length // self.num_parts + extra
+            if self.mode == "contiguous":
+                return -(-self.length // self.num_parts) - self.processed // self.num_parts
+            return -(-(self.length - self.processed) // self.num_parts)
+        remaining = self.length - self.processed
+        extra = 1 if self.part_index < remaining % self.num_parts else 0
+        return remaining // self.num_parts + extra

@@ -41,10 +41,22 @@ INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)
 
 @dataclass
 class TrainState:
-    """Where training stands: the next epoch to run and optimizer steps taken so far."""
+    """Where training stands.
+
+    Attributes
+    ----------
+    epoch : int
+        Epochs completed (the next one to run, counted from 0).
+    step : int
+        Optimizer steps taken so far in the whole run.
+    epoch_samples : int
+        Samples all workers together trained on in epoch `epoch` before the run stopped
+        inside it (Horovod's ``processed_num``); 0 at an epoch boundary.
+    """
 
     epoch: int = 0
     step: int = 0
+    epoch_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ class EpochStats:
     accuracy: float
     samples: int
     seconds: float
+    complete: bool = True
 
     @property
     def samples_per_sec(self) -> float:
@@ -140,6 +153,7 @@ class Loop:
     dist: DistContext
     lr_for_step: Callable[[int], float]
     guard: FiniteGuard
+    steps_per_epoch: int = 0
     max_steps: Optional[int] = None
     log_interval: int = 0
     progress: bool = False
@@ -198,6 +212,9 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
     bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
+    # Batches of this epoch run before a resume (none in an epoch started afresh).
+    done = max(loop.steps_per_epoch - len(loader), 0)
+    ran = 0
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if loop.max_steps is not None and state.step >= loop.max_steps:
@@ -205,7 +222,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # The schedule follows the position in the epoch, so it does not depend on how
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
-            loop.lr_for_step(state.epoch * len(loader) + batch - 1))
+            loop.lr_for_step(state.epoch * loop.steps_per_epoch + done + batch - 1))
         xs, ys, idle = split_batch(images, labels, loop.devices, loop.dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
@@ -224,6 +241,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         loss_sum += batch_loss
         samples += len(labels)
         state.step += 1
+        state.epoch_samples += len(labels) * dist.num_workers
+        ran = batch
         loop.guard.observe(batch_loss, state.step)
         loop.guard.check(state.step)
         if loop.watchdog is not None:
@@ -249,7 +268,21 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
-                      samples=int(seen), seconds=seconds)
+                      samples=int(seen), seconds=seconds, complete=ran == len(loader))
+
+
+def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, result,
+                          epoch_length: int) -> None:
+    """Record a stop inside an epoch (``--max-steps``): the epoch is not counted as done;
+    its checkpoint keeps the samples processed so that a resume runs only the rest."""
+    logger.info("stopped at step %d, %d of %d samples into epoch %d  test acc %.4f",
+                state.step, min(state.epoch_samples, epoch_length), epoch_length,
+                state.epoch + 1, result.accuracy)
+    outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
+                          epoch_samples=state.epoch_samples, test_acc=result.accuracy,
+                          test_loss=result.loss, lr=trainer.learning_rate)
+    if outputs.checkpointer is not None:
+        outputs.checkpointer.after_epoch(net, trainer, state, last=True)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -272,9 +305,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                      cfg.lr_decay_factor)
 
     loop = Loop(net, trainer, devices, dist, lr_for_step,
-                FiniteGuard(dist, devices[0], cfg.finite_check_every), cfg.max_steps,
-                cfg.log_interval, show_progress, cfg.amp, precision.input_dtype(cfg),
-                watchdog)
+                FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
+                cfg.max_steps, cfg.log_interval, show_progress, cfg.amp,
+                precision.input_dtype(cfg), watchdog)
     logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -282,13 +315,16 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 cfg.lr_scaling, cfg.kvstore)
     metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
                   steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices],
-                  start_epoch=state.epoch, start_step=state.step)
+                  start_epoch=state.epoch, start_step=state.step,
+                  start_epoch_samples=state.epoch_samples)
     run_start = time.perf_counter()
     result = None
     epochs = []
     while state.epoch < cfg.epochs:
+        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+            break
         epoch = state.epoch
-        train_loader.sampler.set_epoch(epoch)
+        train_loader.sampler.set_epoch(epoch, state.epoch_samples)
         stats = train_epoch(loop, train_loader, state)
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
@@ -296,7 +332,12 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         result = evaluate(net, test_loader, devices, dist, loop.dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
+        if not stats.complete:
+            _stopped_inside_epoch(net, trainer, state, outputs, result,
+                                  len(data.train_y))
+            break
         state.epoch += 1
+        state.epoch_samples = 0
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
                     "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
                     result.accuracy, stats.samples_per_sec, stats.seconds)

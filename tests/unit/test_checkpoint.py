@@ -10,6 +10,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from hvdtrain import checkpoint as ckpt
+from hvdtrain import resume
 from hvdtrain.checkpoint import CheckpointError, Checkpointer
 
 
@@ -37,7 +38,7 @@ def test_round_trip_restores_parameters_and_optimizer_state(tmp_path):
     other = small_net()
     other_trainer = gluon.Trainer(other.collect_params(), "sgd",
                                   {"learning_rate": 0.1, "momentum": 0.9})
-    meta = ckpt.restore(path, other, other_trainer, [mx.cpu()])
+    meta = resume.restore(path, other, other_trainer, [mx.cpu()])
     assert (meta["epoch"], meta["step"]) == (1, 2)
     for a, b in zip(net.collect_params().values(), other.collect_params().values()):
         assert np.array_equal(a.data().asnumpy(), b.data().asnumpy())
@@ -61,35 +62,37 @@ def test_latest_pointer_and_pruning(tmp_path):
     assert [bool(p) for p in saved] == [False, True, False, True, True]
     folder = tmp_path / "checkpoints"
     assert sorted(os.listdir(folder)) == ["epoch-0004", "epoch-0005", "latest"]
-    assert ckpt.latest_checkpoint(str(tmp_path)).endswith("epoch-0005")
+    assert resume.latest_checkpoint(str(tmp_path)).endswith("epoch-0005")
     assert ckpt.read_meta(str(folder / "epoch-0005"))["model"] == "dense"
     assert Checkpointer(str(tmp_path), enabled=False).after_epoch(net, trainer, State(6)) is None
 
 
 def test_resolve_resume(tmp_path):
-    assert ckpt.resolve_resume(None, str(tmp_path)) is None
-    assert ckpt.resolve_resume("auto", str(tmp_path)) is None  # nothing yet: start fresh
+    assert resume.resolve_resume(None, str(tmp_path)) == []
+    assert resume.resolve_resume("auto", str(tmp_path)) == []  # nothing yet: start fresh
     with pytest.raises(CheckpointError, match="does not exist"):
-        ckpt.resolve_resume(str(tmp_path / "nope"), None)
+        resume.resolve_resume(str(tmp_path / "nope"), None)
     with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
-        ckpt.resolve_resume(str(tmp_path), None)
+        resume.resolve_resume(str(tmp_path), None)
     net = small_net()
     path = ckpt.save_checkpoint(str(tmp_path), net, trained(net), {"epoch": 3, "step": 9}, 3)
-    assert ckpt.resolve_resume("auto", str(tmp_path)) == path
-    assert ckpt.resolve_resume(str(tmp_path), None) == path
-    assert ckpt.resolve_resume(path, None) == path
+    assert resume.resolve_resume("auto", str(tmp_path)) == [path]
+    assert resume.resolve_resume(str(tmp_path), None) == [path]
+    assert resume.resolve_resume(path, None) == [path]
     with open(os.path.join(path, "meta.json"), "w") as meta:
         meta.write("{truncated")
     with pytest.raises(CheckpointError, match="corrupt"):
-        ckpt.resolve_resume(path, None)
-    assert ckpt.resolve_resume("auto", str(tmp_path)) is None
+        resume.resolve_resume(path, None)
+    # The only checkpoint is damaged: refused, never silently started afresh over it.
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        resume.resolve_resume("auto", str(tmp_path))
 
 
 def test_restore_names_the_mismatching_parameter(tmp_path):
     net = small_net(units=3)
     path = ckpt.save_checkpoint(str(tmp_path), net, trained(net), {"epoch": 1, "step": 1}, 3)
     with pytest.raises(CheckpointError, match=r"weight has shape \(3, 4\) there, \(5, 4\) here"):
-        ckpt.restore(path, small_net(units=5), None, [mx.cpu()])
+        resume.restore(path, small_net(units=5), None, [mx.cpu()])
 
 
 def test_restore_refuses_a_corrupt_parameter_file(tmp_path):
@@ -99,7 +102,7 @@ def test_restore_refuses_a_corrupt_parameter_file(tmp_path):
     with open(params, "r+b") as out:
         out.truncate(os.path.getsize(params) // 2)
     with pytest.raises(CheckpointError, match="is corrupt"):
-        ckpt.restore(path, small_net(), None, [mx.cpu()])
+        resume.restore(path, small_net(), None, [mx.cpu()])
 
 
 class FakeNet:
@@ -129,14 +132,14 @@ class FakeTrainer:
 
 def assert_consistent(root):
     """Whatever a crash left, the newest checkpoint found is whole and matches its meta."""
-    found = ckpt.latest_checkpoint(root)
+    found = resume.latest_checkpoint(root)
     if found is None:
         return 0
     epoch = ckpt.read_meta(found)["epoch"]
     with open(os.path.join(found, "model.params"), "rb") as src:
         data = src.read()
     assert data == bytes([epoch % 256]) * FakeNet.size, f"{found} is half-written"
-    assert ckpt.resolve_resume("auto", root) == found
+    assert resume.resolve_resume("auto", root)[0] == found
     return epoch
 
 

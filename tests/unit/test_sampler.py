@@ -74,3 +74,32 @@ def test_unpadded_parts_cover_each_sample_once():
 def test_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         SplitSampler(**kwargs)
+
+
+@pytest.mark.parametrize("mode", ["strided", "contiguous"])
+@pytest.mark.parametrize("length,num_parts,batch,done", [(1437, 2, 64, 5), (100, 3, 4, 7),
+                                                         (10, 4, 1, 1)])
+def test_resumed_epoch_yields_the_rest_of_the_same_epoch(mode, length, num_parts, batch, done):
+    """Skipping `done` steps' samples leaves, on every part, exactly the batches an
+    uninterrupted epoch runs after them (padding included)."""
+    processed = done * batch * num_parts
+    for part in range(num_parts):
+        whole = SplitSampler(length, num_parts, part, shuffle=True, seed=5, mode=mode)
+        whole.set_epoch(3)
+        rest = SplitSampler(length, num_parts, part, shuffle=True, seed=5, mode=mode)
+        rest.set_epoch(3, processed)
+        assert list(rest) == list(whole)[done * batch:]
+        assert len(rest) == len(whole) - done * batch
+
+
+def test_resumed_epoch_on_other_worker_counts_covers_the_rest_once():
+    """Stopped on 2 workers, resumed on 3: the untrained samples, each once (plus padding)."""
+    order = SplitSampler(50, 1, 0, shuffle=True, seed=2).indices()
+    rest = [SplitSampler(50, 3, r, shuffle=True, seed=2) for r in range(3)]
+    for sampler in rest:
+        sampler.set_epoch(0, 20)
+    seen = np.concatenate([s.indices() for s in rest])
+    assert set(seen.tolist()) == set(order[20:].tolist())
+    assert len(seen) == 30  # 30 left: divisible by 3, no padding
+    with pytest.raises(ValueError):
+        rest[0].set_epoch(0, 50)

@@ -1,0 +1,77 @@
+"""Resume continues exactly where a run stopped, mid-epoch included, on the real launchers."""
+import json
+import os
+
+import pytest
+
+from jobs import DIGITS, assert_same_params, launcher, run_ranks
+
+pytestmark = pytest.mark.dist
+# 1437 training digits over 2 ranks x batch 64: 12 steps per epoch.
+FLAGS = DIGITS + ["--lr", "0.05", "--batch-size", "64"]
+
+
+def _stop_and_resume(tmp_path, flags, stop_at, epochs):
+    """(straight, resumed) per-rank parameters and the resumed run's results."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    straight.mkdir()
+    stopped.mkdir()
+    hvd = launcher("horovodrun-gloo")
+    _, full, _ = run_ranks(hvd, straight, flags + ["--epochs", str(epochs),
+                                                   "--output-dir", str(straight)])
+    run_ranks(hvd, stopped, flags + ["--epochs", str(epochs), "--max-steps", str(stop_at),
+                                     "--output-dir", str(stopped)])
+    results, resumed, out = run_ranks(hvd, stopped, flags + [
+        "--epochs", str(epochs), "--output-dir", str(stopped), "--resume", "auto"])
+    return full, resumed, results, out
+
+
+def test_mid_epoch_stop_resumes_exactly(tmp_path):
+    full, resumed, results, out = _stop_and_resume(
+        tmp_path, FLAGS + ["--model", "simple_cnn"], stop_at=5, epochs=2)
+    for rank in (0, 1):
+        assert_same_params(full[rank], resumed[rank], atol=1e-5)
+    assert results[0]["steps"] == 2 * 12
+    assert "640 samples into epoch 1" in out, out[-3000:]  # 5 steps x global batch 128
+    stopped = tmp_path / "stopped"
+    meta = json.loads((stopped / "checkpoints" / "epoch-0000-step-0000005" /
+                       "meta.json").read_text())
+    assert (meta["epoch"], meta["step"], meta["epoch_samples"]) == (0, 5, 640)
+    events = [json.loads(l)["event"] for l in (stopped / "metrics.jsonl").read_text()
+              .splitlines()]
+    # The stop is not an epoch: epoch 0 is recorded once, by the run that finished it.
+    assert events == ["start", "stop", "end", "start", "epoch", "epoch", "end"]
+
+
+def test_mid_epoch_resume_across_warmup_and_decay(tmp_path):
+    """Warm-up over the first 6 steps, stop inside epoch 2 (step 17), decay at epoch 3 in
+    the resumed leg: the learning rate continues from its position."""
+    flags = FLAGS + ["--model", "simple_cnn", "--warmup-epochs", "0.5",
+                     "--lr-decay-epochs", "2", "--lr-decay-factor", "0.2"]
+    full, resumed, _, out = _stop_and_resume(tmp_path, flags, stop_at=17, epochs=3)
+    for rank in (0, 1):
+        assert_same_params(full[rank], resumed[rank], atol=1e-5)
+    assert "epoch 1, step 17" in out, out[-3000:]
+
+
+@pytest.fixture(scope="module")
+def batchnorm_runs(tmp_path_factory):
+    """resnet18_v1 (BatchNorm): straight to 2 epochs, and stopped at step 5 then resumed."""
+    full, resumed, _, _ = _stop_and_resume(tmp_path_factory.mktemp("bn"),
+                                           FLAGS + ["--model", "resnet18_v1"], stop_at=5,
+                                           epochs=2)
+    return full, resumed
+
+
+def test_mid_epoch_resume_with_batchnorm_rank0(batchnorm_runs):
+    """Rank 0 (whose statistics the checkpoint holds): weights and running statistics."""
+    full, resumed = batchnorm_runs
+    assert_same_params(full[0], resumed[0], atol=1e-5)
+
+
+@pytest.mark.xfail(reason="issue 12: BatchNorm running statistics are not yet averaged over "
+                          "ranks before a save, so rank 1's own statistics differ from the "
+                          "rank-0 ones a resume loads (its weights match)", strict=False)
+def test_mid_epoch_resume_with_batchnorm_every_rank(batchnorm_runs):
+    full, resumed = batchnorm_runs
+    assert_same_params(full[1], resumed[1], atol=1e-5)
