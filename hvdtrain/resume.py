@@ -40,9 +40,9 @@ def latest_checkpoint(folder: str) -> Optional[str]:
     return found[0] if found else None
 
 
-def resume_candidates(folder: str, warn: bool = False) -> List[str]:
+def resume_candidates(folder: str, damaged: Optional[List[str]] = None) -> List[str]:
     """Complete checkpoints under `folder`, best first: the one ``latest`` names, then the
-    rest newest first. With `warn`, each damaged one passed over is logged."""
+    rest newest first. Why each damaged one was passed over is appended to `damaged`."""
     folder = _checkpoints_folder(folder)
     try:
         with open(os.path.join(folder, LATEST), encoding="utf-8") as src:
@@ -59,8 +59,19 @@ def resume_candidates(folder: str, warn: bool = False) -> List[str]:
             read_meta(path)
             found.append(path)
         except CheckpointError as err:
-            if warn:
-                logger.warning("%s; passing over it", err)
+            if damaged is not None:
+                damaged.append(str(err))
+    return found
+
+
+def _usable(folder: str, what: str) -> List[str]:
+    """Candidates in `folder`; damaged ones are warned about, or refused if all are."""
+    damaged: List[str] = []
+    found = resume_candidates(folder, damaged)
+    if damaged and not found:
+        raise CheckpointError(f"{what}: no usable checkpoint: {damaged[0]}")
+    for reason in damaged:
+        logger.warning("%s; passing over it", reason)
     return found
 
 
@@ -72,12 +83,7 @@ def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> List[str
     if not resume:
         return []
     if resume == "auto":
-        found = resume_candidates(output_dir, warn=True) if output_dir else []
-        if output_dir and not found and _named(_checkpoints_folder(output_dir)) and \
-                any(not _missing_files(p) for p in _named(_checkpoints_folder(output_dir))):
-            raise CheckpointError(f"--resume auto: no usable checkpoint in {output_dir} "
-                                  f"(all are damaged; see the warnings above)")
-        return found
+        return _usable(output_dir, "--resume auto") if output_dir else []
     if not os.path.exists(resume):
         raise CheckpointError(f"--resume {resume} does not exist")
     if os.path.exists(os.path.join(resume, META)) or os.path.exists(os.path.join(resume, PARAMS)):
@@ -85,7 +91,7 @@ def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> List[str
         if _missing_files(resume):
             raise CheckpointError(f"checkpoint {resume} is incomplete: files are missing")
         return [resume]
-    found = resume_candidates(resume, warn=True)
+    found = _usable(resume, f"--resume {resume}")
     if not found:
         raise CheckpointError(f"--resume {resume} holds no complete checkpoint")
     return found

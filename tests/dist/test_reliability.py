@@ -178,7 +178,7 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         (["--optimizer", "nope"], "invalid choice"),
         (["--resume", str(tmp_path / "missing")], "does not exist"),
         (["--resume", str(corrupt / "checkpoints" / "epoch-0002")], "is corrupt"),
-        (["--model", "mlp", "--resume", "auto"], "from another model"),
+        (["--model", "mlp", "--resume", "auto"], "--model mlp (checkpoint: simple_cnn)"),
         (["--dataset", "cifar10", "--data-dir", str(cifar)], "test_batch.bin is not a CIFAR-10"),
         (["--dataset", "cifar10", "--data-dir", str(tmp_path / "nodata")], "files missing"),
         (["--output-dir", "/proc/self/nope"], "is not writable"),

@@ -1,0 +1,185 @@
+"""What a resume and a fresh run refuse, warn about and change, through the `hvdtrain` command.
+
+Every refusal is one line with exit status 2 and leaves the output folder byte-identical.
+One process, no store (``--kvstore none``): a digits epoch takes well under a second.
+"""
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+
+import pytest
+
+from helpers import run_command, tool
+from hvdtrain.checkpoint import CheckpointError
+from hvdtrain.cli import parse_config
+from hvdtrain.job import train
+
+QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--log-interval", "0"]
+
+
+def hvdtrain(*flags):
+    return run_command([tool("hvdtrain"), *QUICK, *flags], timeout=180)
+
+
+def digest(folder):
+    out = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            out.update(path.encode() + open(path, "rb").read())
+    return out.hexdigest()
+
+
+def assert_refused(proc, *needles):
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-3000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    """An output folder holding checkpoints epoch-0001 and epoch-0002 of a finished run."""
+    run = tmp_path_factory.mktemp("run")
+    proc = hvdtrain("--epochs", "2", "--output-dir", str(run))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return run
+
+
+@pytest.fixture
+def run_copy(two_epochs, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(two_epochs, copy)
+    return copy
+
+
+def test_resume_with_other_model_dataset_and_optimizer_is_refused(run_copy):
+    before = digest(run_copy)
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto",
+                    "--dataset", "synthetic", "--model", "mlp", "--optimizer", "adam")
+    assert_refused(proc, "--model mlp (checkpoint: simple_cnn)",
+                   "--dataset synthetic (checkpoint: digits)",
+                   "--optimizer adam (checkpoint: sgd)")
+    assert digest(run_copy) == before
+
+
+def test_resume_with_other_dtype_is_refused(two_epochs):
+    """--dtype float16 needs a GPU to run, so this checks the rule itself."""
+    from hvdtrain.resume import check_compatible  # pylint: disable=import-outside-toplevel
+    path = str(two_epochs / "checkpoints" / "epoch-0002")
+    meta = json.load(open(os.path.join(path, "meta.json")))
+    with pytest.raises(CheckpointError, match=r"--dtype float16 \(checkpoint: float32\)"):
+        check_compatible(path, meta, parse_config(QUICK[:2] + ["--dtype", "float16",
+                                                                "--epochs", "3"]))
+
+
+def test_changed_flags_take_effect_in_the_loaded_optimizer(run_copy, capsys):
+    run = train(parse_config(QUICK + ["--epochs", "3", "--output-dir", str(run_copy),
+                                      "--resume", "auto", "--momentum", "0.5", "--wd", "0.1",
+                                      "--lr", "0.2", "--batch-size", "32"]))
+    optimizer = run.trainer._optimizer  # pylint: disable=protected-access
+    assert (optimizer.momentum, optimizer.wd, optimizer.lr) == (0.5, 0.1, 0.2)
+    err = capsys.readouterr().err
+    changes = [l for l in err.splitlines() if "resume changes:" in l]
+    assert len(changes) == 1 and " INFO " in changes[0]
+    for change in ("--epochs 2 -> 3", "--lr 0.01 -> 0.2", "--momentum 0.9 -> 0.5",
+                   "--wd 0.0001 -> 0.1", "--batch-size 64 -> 32"):
+        assert change in changes[0], changes[0]
+    assert "global batch of 32 instead of 64 (1 workers x 32 instead of 1 x 64)" in err
+    assert run.result["steps"] == 2 * 23 + 45
+
+
+def test_fresh_run_into_a_folder_with_checkpoints_is_refused(run_copy):
+    before = digest(run_copy)
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
+    assert_refused(proc, "already holds checkpoints", "epoch-0002", "--resume auto",
+                   "another --output-dir")
+    assert digest(run_copy) == before
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(run_copy):
+    before = digest(run_copy)
+    with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert_refused(proc, "is in use by another run")
+    assert digest(run_copy) == before
+    # Released: the same command now runs.
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def _edit_meta(path, **changes):
+    meta = json.load(open(path / "meta.json"))
+    meta.update(changes)
+    (path / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("changes,needle", [
+    (dict(epoch=-5), "epoch is -5, not a whole number >= 0"),
+    (dict(step=-1000), "step is -1000, not a whole number >= 0"),
+    (dict(epoch=100), "do not match the folder name"),
+    (dict(has_states="yes"), "has_states is 'yes'"),
+])
+def test_invalid_metadata_is_refused(run_copy, changes, needle):
+    only = run_copy / "checkpoints" / "epoch-0002"
+    shutil.rmtree(run_copy / "checkpoints" / "epoch-0001")
+    _edit_meta(only, **changes)
+    before = digest(run_copy)
+    for resume in ("auto", str(only)):
+        proc = hvdtrain("--epochs", "6", "--output-dir", str(run_copy), "--resume", resume)
+        assert_refused(proc, needle, *(["no usable checkpoint"] if resume == "auto" else []))
+        assert digest(run_copy) == before
+
+
+def test_checkpoint_past_epochs_is_refused(run_copy):
+    proc = hvdtrain("--epochs", "1", "--output-dir", str(run_copy), "--resume", "auto")
+    assert_refused(proc, "past --epochs 1", "2 epochs")
+
+
+def test_has_states_false_warns(run_copy):
+    _edit_meta(run_copy / "checkpoints" / "epoch-0002", has_states=False)
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "holds no optimizer state (has_states is false)" in proc.stdout
+
+
+def test_resume_auto_falls_back_past_a_corrupt_newest(run_copy):
+    params = run_copy / "checkpoints" / "epoch-0002" / "model.params"
+    params.write_bytes(params.read_bytes()[:100])
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    warnings = [l for l in proc.stdout.splitlines() if " WARNING " in l]
+    assert any("epoch-0002 is corrupt" in l and "falling back" in l for l in warnings)
+    assert "resumed from" in proc.stdout and "epoch-0001: epoch 1, step 23" in proc.stdout
+
+
+def test_leftovers_of_an_interrupted_prune_are_cleared_at_start(run_copy):
+    half = run_copy / "checkpoints" / "epoch-0005"  # a kill -9 while pruning it
+    half.mkdir()
+    shutil.copy(run_copy / "checkpoints" / "epoch-0002" / "meta.json", half)
+    tmp = run_copy / "checkpoints" / ".tmp-epoch-0003-999999"  # a kill -9 while saving
+    tmp.mkdir()
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "removed what interrupted saves left" in proc.stdout
+    assert sorted(os.listdir(run_copy / "checkpoints")) == [
+        "epoch-0001", "epoch-0002", "epoch-0003", "latest"]
+
+
+def test_metrics_with_a_cut_last_line_get_a_fresh_line(run_copy):
+    metrics = run_copy / "metrics.jsonl"
+    with open(metrics, "a") as out:
+        out.write('{"event": "epoch", "epo')  # a crash mid-write
+    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = metrics.read_text().splitlines()
+    assert lines[-4] == '{"event": "epoch", "epo'
+    assert [json.loads(l)["event"] for l in lines[-3:]] == ["start", "epoch", "end"]
+    plot = run_command([tool("hvdtrain-plot"), str(metrics), "-o",
+                        str(run_copy / "curves.png")], timeout=120)
+    assert plot.returncode == 0, plot.stdout
+    assert "skipped 1 damaged line(s)" in plot.stdout
+    assert (run_copy / "curves.png").exists()
