@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from helpers import tool
 from jobs import DIGITS, assert_same_params, launcher, run_ranks
 
 pytestmark = pytest.mark.dist
@@ -75,3 +76,18 @@ def test_mid_epoch_resume_with_batchnorm_rank0(batchnorm_runs):
 def test_mid_epoch_resume_with_batchnorm_every_rank(batchnorm_runs):
     full, resumed = batchnorm_runs
     assert_same_params(full[1], resumed[1], atol=1e-5)
+
+
+def test_dist_async_resumes_with_two_workers(tmp_path):
+    """Asynchronous workers have no collective to agree on the checkpoint with: the resume
+    says so and goes on (it used to raise)."""
+    ps_launch = [tool("hvdtrain-launch"), "-n", "2", "-s", "1"]
+    flags = DIGITS + ["--kvstore", "dist_async", "--lr", "0.05", "--output-dir", str(tmp_path)]
+    run_ranks(ps_launch, tmp_path, flags + ["--epochs", "1"])
+    results, _, out = run_ranks(ps_launch, tmp_path, flags + ["--epochs", "2", "--resume",
+                                                              "auto"])
+    assert "the workers cannot compare which checkpoint each found" in out, out[-3000:]
+    assert "resumed from" in out and "epoch-0001: epoch 1, step 12" in out
+    assert [r["steps"] for r in results] == [24, 24]  # 12 per epoch per worker
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-0001", "epoch-0002",
+                                                           "latest"]

@@ -8,6 +8,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -183,3 +186,39 @@ def test_metrics_with_a_cut_last_line_get_a_fresh_line(run_copy):
     assert plot.returncode == 0, plot.stdout
     assert "skipped 1 damaged line(s)" in plot.stdout
     assert (run_copy / "curves.png").exists()
+
+
+def _start_and_wait_for_lock(out):
+    proc = subprocess.Popen([tool("hvdtrain"), *QUICK, "--epochs", "40", "--output-dir",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lock, deadline = out / ".hvdtrain.lock", time.monotonic() + 120
+    while not (lock.exists() and f"pid {proc.pid} " in lock.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, "first run never started"
+        time.sleep(0.1)
+    return proc
+
+
+def test_two_runs_at_once_the_second_is_refused_and_the_first_finishes(tmp_path):
+    out = tmp_path / "run"
+    first = _start_and_wait_for_lock(out)
+    try:
+        second = hvdtrain("--epochs", "40", "--output-dir", str(out), "--resume", "auto")
+        assert first.poll() is None, "the first run ended before the second started"
+        assert_refused(second, "is in use by another run", f"pid {first.pid} on")
+        output, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, output[-3000:]
+    events = [json.loads(l)["event"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert events.count("start") == 1 and events[-1] == "end" and events.count("epoch") == 40
+
+
+def test_the_lock_goes_with_a_killed_run(tmp_path):
+    out = tmp_path / "run"
+    first = _start_and_wait_for_lock(out)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    with open(out / ".hvdtrain.lock", "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
