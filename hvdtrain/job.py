@@ -23,7 +23,7 @@ from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .outdir import claim, refuse_fresh_run
 from .report import TensorBoardWriter
-from .resume import check_compatible, resolve_resume, resume_state
+from .resume import check_compatible, loadable, resolve_resume, resume_state
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
 
@@ -84,7 +84,7 @@ def train(cfg: TrainConfig, devices=None) -> Run:
     completes for ``cfg.stall_timeout`` seconds.
     """
     setup_logging(rank=0)
-    candidates = resolve_resume(cfg.resume, cfg.output_dir)
+    candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
     if candidates:
         check_compatible(candidates[0], read_meta(candidates[0]), cfg)
     data = load_dataset(cfg.dataset, cfg.data_dir)

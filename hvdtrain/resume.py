@@ -120,10 +120,29 @@ def restore(path: str, net, trainer, devices) -> Dict:
         if meta.get("has_states") and trainer is not None:
             trainer.load_states(os.path.join(path, STATES))
     except Exception as err:  # MXNet reports corrupt files as many exception types
-        first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
-        raise CheckpointError(f"checkpoint {path} is corrupt: {first}") from None
+        raise _corrupt(path, err) from None
     return meta
 
+
+def _corrupt(path: str, err: Exception) -> CheckpointError:
+    first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+    return CheckpointError(f"checkpoint {path} is corrupt: {first}")
+
+
+def loadable(candidates: List[str]) -> List[str]:
+    """`candidates` whose parameter file reads, so that a damaged one is refused (or passed
+    over, when an older one remains) before the run writes anything. A damaged optimizer
+    state file shows only when it is loaded, and falls back the same way then."""
+    found = []
+    for index, path in enumerate(candidates):
+        try:
+            mx.nd.load(os.path.join(path, PARAMS))
+            found.append(path)
+        except Exception as err:  # pylint: disable=broad-except
+            if index == len(candidates) - 1 and not found:
+                raise _corrupt(path, err) from None
+            logger.warning("%s; falling back to an older checkpoint", _corrupt(path, err))
+    return found
 
 
 def _fixed_values(config: Dict) -> Dict[str, object]:

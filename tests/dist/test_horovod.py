@@ -96,7 +96,8 @@ def test_cli_logs_info_from_rank0_only_and_writes_outputs(tmp_path):
     assert (epoch["epoch"], epoch["num_workers"], epoch["batch_size"]) == (0, 2, 64)
     assert records[-1]["test_acc"] == records[2]["test_acc"]
     assert (out / "model.params").stat().st_size > 0
-    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl", "model.params"]
+    assert sorted(os.listdir(out)) == [".hvdtrain.lock", "checkpoints", "metrics.jsonl",
+                                       "model.params"]
 
 
 def test_fp16_allreduce_keeps_metrics_exact_beyond_the_float16_range(tmp_path):
