@@ -236,10 +236,11 @@ def resume_state(candidates: List[str], net, trainer, devices, dist, cfg: TrainC
     saved_batch, saved_workers = meta.get("global_batch"), meta.get("num_workers")
     if saved_batch not in (None, global_batch):
         saved_per_worker = saved_batch // saved_workers if saved_workers else "?"
-        logger.warning("resuming with a global batch of %d instead of %d (%d workers x %d "
+        logger.warning("resuming with a global batch of %d instead of %d (%d worker%s x %d "
                        "instead of %s x %s): steps per epoch change, --lr now applies to the "
                        "new global batch", global_batch, saved_batch, dist.num_workers,
-                       worker_batch, saved_workers, saved_per_worker)
+                       "" if dist.num_workers == 1 else "s", worker_batch, saved_workers,
+                       saved_per_worker)
     changes = changed_settings(meta, cfg, dist.num_workers)
     if changes:
         logger.info("resume changes: %s", ", ".join(changes))

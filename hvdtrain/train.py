@@ -213,7 +213,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     samples = 0
     bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
     # Batches of this epoch run before a resume (none in an epoch started afresh).
-    done = max(loop.steps_per_epoch - len(loader), 0)
+    per_epoch = loop.steps_per_epoch or len(loader)
+    done = max(per_epoch - len(loader), 0)
     ran = 0
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
@@ -222,7 +223,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # The schedule follows the position in the epoch, so it does not depend on how
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
-            loop.lr_for_step(state.epoch * loop.steps_per_epoch + done + batch - 1))
+            loop.lr_for_step(state.epoch * per_epoch + done + batch - 1))
         xs, ys, idle = split_batch(images, labels, loop.devices, loop.dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]

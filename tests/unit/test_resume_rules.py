@@ -90,7 +90,7 @@ def test_changed_flags_take_effect_in_the_loaded_optimizer(run_copy, capsys):
     for change in ("--epochs 2 -> 3", "--lr 0.01 -> 0.2", "--momentum 0.9 -> 0.5",
                    "--wd 0.0001 -> 0.1", "--batch-size 64 -> 32"):
         assert change in changes[0], changes[0]
-    assert "global batch of 32 instead of 64 (1 workers x 32 instead of 1 x 64)" in err
+    assert "global batch of 32 instead of 64 (1 worker x 32 instead of 1 x 64)" in err
     assert run.result["steps"] == 2 * 23 + 45
 
 
