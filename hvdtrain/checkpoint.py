@@ -5,12 +5,15 @@ Layout under the output folder::
     checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
                           trainer.states   optimizer state (Trainer.save_states)
                           meta.json        written last: epoch, step, config, shapes, ...
+    checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
     checkpoints/latest                     name of the newest complete checkpoint
 
 A checkpoint is assembled in a hidden temporary folder, every file fsynced, then renamed into
-place, and only then does ``latest`` move (itself by an atomic rename). A crash at any moment
-leaves the previous checkpoint intact; a half-written folder is never named ``epoch-*``, and
-readers skip any checkpoint without a readable ``meta.json``.
+place, and only then does ``latest`` move (itself by an atomic rename). Pruning renames a
+checkpoint to a hidden name before deleting it. A crash at any moment leaves the previous
+checkpoint intact; a half-written or half-deleted folder is never a complete ``epoch-*``
+checkpoint, and :func:`clear_leftovers` removes what such crashes leave. ``meta.json`` is
+validated whenever it is read (:func:`read_meta`).
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ def checkpoint_name(epoch: int, step: int, epoch_samples: int = 0) -> str:
     return f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if epoch_samples else "")
 
 
-def _order(name: str):
+def checkpoint_order(name: str):
     """Sort key of a checkpoint name: (epochs completed, step inside the next epoch)."""
     found = _NAME.match(name)
     return int(found.group(1)), int(found.group(2) or 0)
@@ -135,17 +138,17 @@ def _write_text(path: str, text: str) -> None:
         out.write(text)
 
 
-def _named(folder: str) -> List[str]:
+def named_checkpoints(folder: str) -> List[str]:
     """Every ``epoch-*`` folder in `folder`, oldest first."""
     if not os.path.isdir(folder):
         return []
     return [os.path.join(folder, n)
-            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)), key=_order)]
+            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)), key=checkpoint_order)]
 
 
 def complete_checkpoints(folder: str) -> List[str]:
     """Complete, valid ``epoch-*`` checkpoints in `folder`, oldest first."""
-    return [path for path in _named(folder) if is_complete(path)]
+    return [path for path in named_checkpoints(folder) if is_complete(path)]
 
 
 def prune(folder: str, keep: int) -> None:
@@ -170,7 +173,7 @@ def clear_leftovers(folder: str) -> List[str]:
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
         if not (entry.startswith(_LEFTOVER_PREFIXES) or (_NAME.match(entry) and
-                                                          _missing_files(path))):
+                                                          missing_files(path))):
             continue
         if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -180,7 +183,7 @@ def clear_leftovers(folder: str) -> List[str]:
     return removed
 
 
-def _missing_files(path: str) -> bool:
+def missing_files(path: str) -> bool:
     """Whether checkpoint folder `path` lacks a file its save always writes."""
     if not (os.path.isfile(os.path.join(path, META)) and
             os.path.isfile(os.path.join(path, PARAMS))):
@@ -200,7 +203,7 @@ def is_complete(path: str) -> bool:
         read_meta(path)
     except CheckpointError:
         return False
-    return not _missing_files(path)
+    return not missing_files(path)
 
 
 def _whole(meta: Dict, key: str, default=None) -> int:

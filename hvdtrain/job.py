@@ -23,7 +23,8 @@ from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .outdir import claim, refuse_fresh_run
 from .report import TensorBoardWriter
-from .resume import check_compatible, loadable, resolve_resume, resume_state
+from .resume import check_compatible, resume_state
+from .resume_from import loadable, resolve_resume
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
 

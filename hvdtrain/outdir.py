@@ -18,7 +18,7 @@ from typing import Optional
 
 import mxnet as mx
 
-from .checkpoint import CHECKPOINTS, _missing_files, _named, clear_leftovers
+from .checkpoint import CHECKPOINTS, missing_files, named_checkpoints, clear_leftovers
 from .config import ConfigError
 
 LOCK_FILE = ".hvdtrain.lock"
@@ -42,7 +42,7 @@ def refuse_fresh_run(output_dir: Optional[str]) -> None:
     """Refuse a run without ``--resume`` into a folder holding another run's checkpoints."""
     if not output_dir:
         return
-    found = [p for p in _named(os.path.join(output_dir, CHECKPOINTS)) if not _missing_files(p)]
+    found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS)) if not missing_files(p)]
     if found:
         raise ConfigError(
             f"--output-dir {output_dir} already holds checkpoints of an earlier run (newest: "
@@ -99,19 +99,17 @@ def claim(output_dir: Optional[str], dist) -> Optional[OutputLock]:
         check_writable(output_dir)
         lock = OutputLock(output_dir)
         busy = 0 if lock.acquire() else 1
-        if busy:
-            raise_busy = ConfigError(f"--output-dir {output_dir} is in use by another run "
-                                     f"({lock.holder()} holds {lock.path}): wait for it to "
-                                     f"end, or give another --output-dir")
-        else:
+        if not busy:
             removed = clear_leftovers(os.path.join(output_dir, CHECKPOINTS))
             if removed:
                 logger.warning("removed what interrupted saves left in %s: %s",
                                os.path.join(output_dir, CHECKPOINTS), ", ".join(removed))
     if dist.num_workers > 1 and dist.synchronous:
         busy = int(dist.sum_across_workers("output_check", mx.nd.array([busy])).asscalar())
-    if busy:
-        if dist.is_root:
-            raise raise_busy
-        raise ConfigError(f"rank 0 found --output-dir {output_dir} in use by another run")
-    return lock
+    if not busy:
+        return lock
+    if dist.is_root:
+        raise ConfigError(f"--output-dir {output_dir} is in use by another run "
+                          f"({lock.holder()} holds {lock.path}): wait for it to end, or give "
+                          f"another --output-dir")
+    raise ConfigError(f"rank 0 found --output-dir {output_dir} in use by another run")

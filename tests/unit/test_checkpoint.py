@@ -10,7 +10,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from hvdtrain import checkpoint as ckpt
-from hvdtrain import resume
+from hvdtrain import resume_from as resume
 from hvdtrain.checkpoint import CheckpointError, Checkpointer
 
 
