@@ -1,11 +1,12 @@
 """Resume continues exactly where a run stopped, mid-epoch included, on the real launchers."""
+import fcntl
 import json
 import os
 
 import pytest
 
-from helpers import tool
-from jobs import DIGITS, assert_same_params, launcher, run_ranks
+from helpers import run_command, tool
+from jobs import DIGITS, JOB_TIMEOUT, assert_same_params, launcher, run_ranks
 
 pytestmark = pytest.mark.dist
 # 1437 training digits over 2 ranks x batch 64: 12 steps per epoch.
@@ -78,3 +79,21 @@ def test_dist_async_resumes_with_two_workers(tmp_path):
     assert [r["steps"] for r in results] == [24, 24]  # 12 per epoch per worker
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-0001", "epoch-0002",
                                                            "latest"]
+
+
+def test_a_folder_in_use_is_refused_on_every_rank(tmp_path):
+    """Only rank 0 takes the lock; the other ranks learn of a refusal through one collective
+    and stop with it, instead of waiting for rank 0 at the next one."""
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / ".hvdtrain.lock", "a+") as held:  # another run's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = run_command(launcher("horovodrun-gloo") + [
+            tool("hvdtrain"), *FLAGS, "--epochs", "1", "--output-dir", str(out)],
+            timeout=JOB_TIMEOUT)
+    assert proc.returncode != 0
+    refusals = [l for l in proc.stdout.splitlines() if "hvdtrain: error:" in l]
+    assert len(refusals) == 2, proc.stdout[-3000:]
+    assert any("is in use by another run" in l for l in refusals)
+    assert any("rank 0 found --output-dir" in l for l in refusals)
+    assert sorted(os.listdir(out)) == [".hvdtrain.lock"]
