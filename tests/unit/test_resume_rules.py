@@ -222,3 +222,16 @@ def test_the_lock_goes_with_a_killed_run(tmp_path):
     first.communicate(timeout=60)
     with open(out / ".hvdtrain.lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
+
+
+def test_contiguous_mid_epoch_resume_on_another_worker_count_is_refused(tmp_path):
+    """Contiguous parts depend on the worker count, so the samples a stopped epoch still
+    owes cannot be found with another one. (The checkpoint is made to say 2 workers.)"""
+    out = tmp_path / "run"
+    proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
+                    "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    _edit_meta(out / "checkpoints" / "epoch-0000-step-0000005", num_workers=2)
+    proc = hvdtrain("--epochs", "2", "--sampling", "contiguous", "--output-dir", str(out),
+                    "--resume", "auto")
+    assert_refused(proc, "stopped inside an epoch with --sampling contiguous on 2 workers")
