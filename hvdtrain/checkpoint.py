@@ -143,7 +143,8 @@ def named_checkpoints(folder: str) -> List[str]:
     if not os.path.isdir(folder):
         return []
     return [os.path.join(folder, n)
-            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)), key=checkpoint_order)]
+            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)),
+                            key=checkpoint_order)]
 
 
 def complete_checkpoints(folder: str) -> List[str]:

@@ -42,7 +42,8 @@ def refuse_fresh_run(output_dir: Optional[str]) -> None:
     """Refuse a run without ``--resume`` into a folder holding another run's checkpoints."""
     if not output_dir:
         return
-    found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS)) if not missing_files(p)]
+    found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS))
+             if not missing_files(p)]
     if found:
         raise ConfigError(
             f"--output-dir {output_dir} already holds checkpoints of an earlier run (newest: "
