@@ -56,11 +56,12 @@ def test_mid_epoch_resume_across_warmup_and_decay(tmp_path):
     assert "epoch 1, step 17" in out, out[-3000:]
 
 
-def test_mid_epoch_resume_with_batchnorm(tmp_path):
-    """bn_cnn: the running statistics, averaged over ranks before the save, must match too
-    (averaging commutes with their moving-average update, so a mid-epoch save that averages
-    early changes nothing)."""
-    full, resumed, _, _ = _stop_and_resume(tmp_path, FLAGS + ["--model", "bn_cnn"],
+@pytest.mark.parametrize("model", ["bn_cnn", "resnet18_v1"])
+def test_mid_epoch_resume_with_batchnorm(model, tmp_path):
+    """BatchNorm: the running statistics, averaged over ranks before the save, must match
+    too (averaging commutes with their moving-average update, so a mid-epoch save that
+    averages early changes nothing). resnet18_v1 is the default model."""
+    full, resumed, _, _ = _stop_and_resume(tmp_path, FLAGS + ["--model", model],
                                            stop_at=5, epochs=2)
     for rank in (0, 1):
         assert_same_params(full[rank], resumed[rank], atol=1e-5)
