@@ -43,10 +43,15 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
         assert_same_params(contig[0], one[0], atol=1e-5)
 
 
-def test_gradient_buckets_leave_the_result_unchanged(tmp_path):
-    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"]
+@pytest.mark.parametrize("option", ["", "--no-hybridize", "--fp16-allreduce"])
+def test_gradient_buckets_leave_the_result_unchanged(option, tmp_path):
+    """Zero-copy buckets (gradients as views into one flat buffer per bucket, one in-place
+    allreduce each) against the Trainer's own one-call-per-parameter exchange, with static
+    graphs, imperatively, and with float16 on the wire (cast per bucket vs per key)."""
+    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"] \
+        + ([option] if option else [])
     params_by_cap, buckets_by_cap = {}, {}
-    for cap in ("0", "0.002", "25"):
+    for cap in ("0", "0.002", "25") if not option else ("0", "0.002"):
         (tmp_path / cap).mkdir()
         results, params, _ = run_ranks(launcher("horovodrun"), tmp_path / cap,
                                        flags + ["--grad-bucket-mb", cap])
@@ -54,10 +59,11 @@ def test_gradient_buckets_leave_the_result_unchanged(tmp_path):
         assert_same_params(params[0], params[1])
         params_by_cap[cap], buckets_by_cap[cap] = params[0], results[0]["grad_buckets"]
     assert buckets_by_cap["0"] == 0  # the Trainer's own exchange, one call per parameter
-    assert buckets_by_cap["0.002"] > buckets_by_cap["25"] == 1
-    # Two ranks sum a + b whatever the grouping: the results are bit-identical.
-    assert_same_params(params_by_cap["0.002"], params_by_cap["0"])
-    assert_same_params(params_by_cap["25"], params_by_cap["0"])
+    assert buckets_by_cap["0.002"] > 1
+    if "25" in buckets_by_cap:
+        assert buckets_by_cap["25"] == 1
+        assert_same_params(params_by_cap["25"], params_by_cap["0"], atol=1e-6)
+    assert_same_params(params_by_cap["0.002"], params_by_cap["0"], atol=1e-6)
 
 
 def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):
