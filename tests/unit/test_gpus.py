@@ -84,3 +84,12 @@ def test_no_driver_means_no_gpus(monkeypatch):
     monkeypatch.setattr(gpus.ctypes, "CDLL", missing)
     monkeypatch.setattr(subprocess, "run", missing)
     assert gpus.read_gpus() == []
+
+
+def test_deployment_page_states_the_supported_range():
+    import os
+    from helpers import REPO
+    text = " ".join(open(os.path.join(REPO, "docs", "deployment.md")).read().split())
+    low, high = gpus.SUPPORTED_RANGE.split("-")
+    assert f"compute capability {low} to {high}" in text
+    assert f"runs on compute capability {gpus.SUPPORTED_RANGE} only" in text
