@@ -3,11 +3,13 @@
 No GPU here: the capability reader (hvdtrain.gpus.read_gpus) and MXNet's GPU count are
 faked; only a GPU host shows that read_gpus reads the real capability through libcuda.
 """
+import os
 import subprocess
 
 import mxnet as mx
 import pytest
 
+from helpers import REPO
 from hvdtrain import cli, gpus
 from hvdtrain.config import ConfigError
 from hvdtrain.dist import select_devices
@@ -87,8 +89,6 @@ def test_no_driver_means_no_gpus(monkeypatch):
 
 
 def test_deployment_page_states_the_supported_range():
-    import os
-    from helpers import REPO
     text = " ".join(open(os.path.join(REPO, "docs", "deployment.md")).read().split())
     low, high = gpus.SUPPORTED_RANGE.split("-")
     assert f"compute capability {low} to {high}" in text
