@@ -88,6 +88,14 @@ def test_dockerfile_copies_sources_only_after_the_horovod_layer():
     assert sources and sources[0] > venv, "hvdtrain's sources must come after the venv"
 
 
+def test_docker_build_context_leaves_out_the_local_venv():
+    ignored = open(os.path.join(REPO, ".dockerignore")).read().split()
+    assert {".venv", ".git", "runs"} <= set(ignored)
+    copied = [src for stage in _two_stages() for args in stage.find("COPY")
+              for src in dockerfile.copy_sources(args)[0]]
+    assert not [src for src in copied if src.split("/")[0] in ignored], copied
+
+
 def test_dockerfile_ssh_settings_survive_a_mount_on_root_ssh():
     text = open(DOCKERFILE).read()
     assert "/root/.ssh/config" not in text
