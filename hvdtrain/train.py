@@ -275,7 +275,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), cfg.max_steps,
                 cfg.log_interval, show_progress, cfg.amp, precision.input_dtype(cfg),
                 watchdog)
-    logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
+    logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
                 train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,

@@ -121,11 +121,11 @@ def test_hostfiles_parse():
 def test_horovodrun_reads_hostfile(name):
     """`horovodrun --hostfile` reads them with this parser, which takes every line as
     `HOST slots=N` (a comment or a blank line crashes it)."""
-    from horovod.runner.common.util.hosts import parse_host_files
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
     path = os.path.join(HOSTFILES, name)
-    hosts = parse_host_files(path)
+    hosts = parse_hosts(parse_host_files(path))
     ours = read_hostfile(path)
-    assert hosts == ",".join(f"{h.address}:{h.slots}" for h in ours)
+    assert [(h.hostname, h.slots) for h in hosts] == [(h.address, h.slots) for h in ours]
 
 
 @pytest.mark.parametrize("name", MPI_HOSTFILES)
@@ -194,3 +194,20 @@ def test_kubeflow_mpijob():
     cfg = parse_config(_hvdtrain_argv(command))
     assert cfg.dataset == "cifar10" and cfg.batch_size == 64
     assert "12345" in " ".join(command) and "12345" in " ".join(worker["command"])
+
+
+@pytest.mark.parametrize("text", ["d1 slots=4\nd2 slots=4\n", "# hosts\nd1 slots=4\n",
+                                  "d1 slots=4\n\nd2 slots=4\n", "d1 slots=4  # four GPUs\n",
+                                  "localhost slots=2"])
+def test_our_warning_agrees_with_horovodrun(text, tmp_path):
+    """check-cluster warns about exactly the hostfiles horovodrun's own reader rejects."""
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
+    from hvdtrain.hostfile import horovodrun_unreadable
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    try:
+        parse_hosts(parse_host_files(str(path)))  # what horovodrun --hostfile does
+        horovod_reads = True
+    except Exception:  # pylint: disable=broad-except  (its IndexError/ValueError)
+        horovod_reads = False
+    assert horovod_reads == (horovodrun_unreadable(text) == [])
