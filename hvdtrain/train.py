@@ -21,7 +21,8 @@ from .checkpoint import CHECKPOINTS, Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
-from .evaluate import evaluate, split_batch, tally_batch
+from .batches import split_batch, zero_gradients
+from .evaluate import evaluate, tally_batch
 from .exchange import BucketedTrainer
 from .guard import FiniteGuard
 from . import precision
@@ -169,20 +170,6 @@ class Outputs:
         if self.tensorboard is not None and self.tensorboard.writer is not None:
             paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
         return paths
-
-
-def zero_gradients(net, sample, device):
-    """Write zero gradients, as fresh ones, on a `device` that got no part of the batch:
-    the Trainer refuses stale gradients, and the store sums every device's copy.
-
-    They come from the backward pass of a zero loss on one `sample`, so only public API is
-    used. Forward and backward both run in predict mode, which keeps BatchNorm's running
-    statistics out of it (MXNet 1.x moves them in the backward pass).
-    """
-    sample = sample.as_in_context(device)
-    with autograd.record(train_mode=False):
-        zero = net(sample).sum() * 0
-    autograd.backward([zero], train_mode=False)
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
