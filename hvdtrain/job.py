@@ -136,7 +136,7 @@ def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
     watchdog.set_rank(dist.rank)
     threads = share_cpu_threads(dist.local_size)
     if threads:
-        logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
+        logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
                     threads)
     if cfg.output_dir and dist.is_root:
         _check_output_dir(cfg.output_dir)

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 
 from .config import ConfigError
 from .hostfile import Host, read_hostfile
-from .remote import PS_PROCESS, dmlc_env
+from .remote import PS_PROCESS, dmlc_env, with_worker_hook
 from .supervise import Job, Member
 
 # Passed to every process (remote ones too) so that a command found here is found there.
@@ -117,6 +117,8 @@ def plan(args, hosts: List[Host], root_uri: str, root_port: int) -> List[Dict]:
             host = hosts[index % len(hosts)] if hosts else None
             node = None if args.interface else (host.address if host else LOOPBACK)
             env = {**passed, **extra, **dmlc_env(role, node_host=node, **common)}
+            if role == "worker":  # a failing worker program must exit, not hang
+                env = with_worker_hook(env)
             procs.append(dict(role=role, index=index, host=host, env=env))
     for proc in procs:
         if proc["role"] == "worker":

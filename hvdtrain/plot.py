@@ -57,7 +57,7 @@ def plot(runs: List[Dict], out: str, dpi: int = 100) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     except ImportError:
-        raise ConfigError("hvdtrain-plot needs matplotlib: pip install 'hvdtrain[plot]'") \
+        raise ConfigError("hvdtrain-plot needs matplotlib: pip install matplotlib (make install does)") \
             from None
     fig, (loss_ax, acc_ax, speed_ax) = plt.subplots(1, 3, figsize=(15, 4.5), dpi=dpi)
     for index, run in enumerate(runs):

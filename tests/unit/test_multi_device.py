@@ -50,7 +50,7 @@ def test_several_devices_without_a_store_are_refused():
 def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
     from mxnet import autograd
     from hvdtrain.models import build_model
-    from hvdtrain.train import zero_gradients
+    from hvdtrain.batches import zero_gradients
 
     net = build_model("bn_cnn", classes=10)
     net.initialize()
