@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "terminal; plain log lines otherwise)")
     out.add_argument("--tensorboard", metavar="DIR",
                      help="write TensorBoard scalars (rank 0) to DIR")
+    out.add_argument("--horovod-timeline", metavar="FILE",
+                     help="write Horovod's timeline of every collective (rank 0) to FILE, "
+                          "a Chrome trace: open it in chrome://tracing or Perfetto")
     out.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                      help="save a checkpoint every N epochs, and after the last "
                           "(default: %(default)s)")

@@ -88,6 +88,7 @@ class TrainConfig:
     dtype: str = "float32"
     amp: bool = False
     tensorboard: Optional[str] = None
+    horovod_timeline: Optional[str] = None
     stall_timeout: float = 600.0
 
     def __post_init__(self):
@@ -166,3 +167,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--lr-decay-epochs must be positive epoch numbers")
     if list(cfg.lr_decay_epochs) != sorted(set(cfg.lr_decay_epochs)):
         raise ConfigError("--lr-decay-epochs must be increasing")
+    if cfg.horovod_timeline and cfg.kvstore != "horovod":
+        raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
+                          "--kvstore horovod")

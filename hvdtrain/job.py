@@ -54,7 +54,16 @@ class Run:
 
 def build_dist(cfg: TrainConfig) -> DistContext:
     """Create the store (``hvd.init()`` happens here for Horovod) and read the layout."""
-    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
+    options = {}
+    if cfg.horovod_timeline:
+        folder = os.path.dirname(os.path.abspath(cfg.horovod_timeline))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError(f"--horovod-timeline {cfg.horovod_timeline}: folder {folder} "
+                              f"does not exist or is not writable")
+    if cfg.kvstore == "horovod":
+        # Buckets are flat buffers reduced in place: fusing two of them would copy both.
+        options = {"compression": "fp16" if cfg.fp16_allreduce else "none",
+                   "timeline": cfg.horovod_timeline, "fuse_calls": cfg.grad_bucket_mb == 0}
     return DistContext.from_store(create_store(cfg.kvstore, **options))
 
 

@@ -63,3 +63,32 @@ def test_half_precision_refused_on_cpu_devices():
                                             (["--no-progress"], False)])
 def test_progress_is_an_on_off_flag_with_an_automatic_default(flags, expected):
     assert parse_config(["--dataset", "digits"] + flags).progress is expected
+
+
+def test_timeline_needs_the_horovod_store():
+    assert parse_config(["--dataset", "digits", "--horovod-timeline", "t.json"]).horovod_timeline == "t.json"
+    with pytest.raises(ConfigError, match="--horovod-timeline .* needs --kvstore horovod"):
+        parse_config(["--dataset", "digits", "--horovod-timeline", "t.json", "--kvstore", "local"])
+
+
+def test_every_flag_reaches_hvdtrain_through_horovodrun():
+    """horovodrun parses its own options with argparse, which matches abbreviations even
+    after the training command: an hvdtrain flag that is a prefix of one of horovodrun's
+    (`--timeline` of `--timeline-filename`) would stop the launch with "ambiguous option"."""
+    import sys
+
+    from horovod.runner.launch import parse_args
+
+    from hvdtrain.cli import build_parser
+    for action in build_parser()._actions:  # pylint: disable=protected-access
+        for flag in action.option_strings:
+            tail = [flag] if action.nargs == 0 else [flag, "1"]
+            saved = sys.argv
+            sys.argv = ["horovodrun", "-np", "2", "-H", "localhost:2", "hvdtrain"] + tail
+            try:
+                args = parse_args()
+            except SystemExit:
+                pytest.fail(f"horovodrun takes {flag} for one of its own options")
+            finally:
+                sys.argv = saved
+            assert args.command == ["hvdtrain"] + tail
