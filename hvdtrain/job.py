@@ -22,6 +22,7 @@ from .config import ConfigError, TrainConfig
 from .data import load_dataset
 from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
+from .lifeline import LauncherWatch, launcher_chain
 from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .report import TensorBoardWriter
@@ -116,17 +117,20 @@ def train(cfg: TrainConfig, devices=None) -> Run:
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
     From the first collective (``hvd.init()``) on, a :class:`Watchdog` ends this process
-    when no step completes for ``cfg.stall_timeout`` seconds.
+    when no step completes for ``cfg.stall_timeout`` seconds; throughout, a
+    :class:`LauncherWatch` ends it when the launcher that started it is gone.
     """
     setup_logging(rank=0)
-    resume_from = resolve_resume(cfg.resume, cfg.output_dir)
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    precision.init_amp(cfg)
-    net = build_model(cfg.model_name, data.num_classes)
-    if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
-        os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
-    with Watchdog(cfg.stall_timeout) as watchdog:
-        return _train(cfg, devices, resume_from, data, net, watchdog)
+    watchdog = Watchdog(cfg.stall_timeout)
+    with LauncherWatch(launcher_chain(), describe=watchdog.who):
+        resume_from = resolve_resume(cfg.resume, cfg.output_dir)
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        precision.init_amp(cfg)
+        net = build_model(cfg.model_name, data.num_classes)
+        if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
+            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+        with watchdog:
+            return _train(cfg, devices, resume_from, data, net, watchdog)
 
 
 def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,

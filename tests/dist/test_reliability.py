@@ -12,7 +12,7 @@ import pytest
 
 from helpers import run_command, tool
 from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
-                  role_pids, run_ranks, tagged_launch)
+                  role_pids, run_ranks, tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -121,6 +121,32 @@ def test_a_frozen_rank_ends_the_job(name, tmp_path):
     assert proc.returncode != 0, out[-3000:]
     assert "made no progress for" in out and "--stall-timeout 30" in out, out[-3000:]
     assert elapsed < 60, out[-3000:]
+
+
+@pytest.mark.parametrize("name,signum", [("horovodrun", signal.SIGTERM),
+                                         ("horovodrun-gloo", signal.SIGINT),
+                                         ("horovodrun-gloo", signal.SIGTERM),
+                                         ("hvdtrain-launch", signal.SIGTERM)])
+def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path):
+    """What a supervisor, ``docker stop`` or a Kubernetes launcher pod does: signal the
+    launcher's pid, not its process group. horovodrun (MPI) has become ``sh -c mpirun``, so
+    the shell alone dies; the ranks notice their launcher is gone and exit."""
+    proc, tag, _ = start_long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(tmp_path)  # ranks watch their launcher once hvdtrain runs
+    os.kill(proc.pid, signum)
+    signalled = time.monotonic()
+    proc.wait(timeout=60)
+    while tagged_pids(tag) and time.monotonic() - signalled < 60:
+        time.sleep(0.2)
+    elapsed = time.monotonic() - signalled
+    left = tagged_pids(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    out = proc.stdout.read().decode()
+    print(f"{name}: every process gone {elapsed:.1f}s after {signal.Signals(signum).name} "
+          f"to the launcher pid")
+    assert left == [], out[-3000:]
+    assert elapsed < 30
 
 
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
