@@ -208,6 +208,16 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         (["--dataset", "cifar10", "--data-dir", str(cifar)], "test_batch.bin is not a CIFAR-10"),
         (["--dataset", "cifar10", "--data-dir", str(tmp_path / "nodata")], "files missing"),
         (["--output-dir", "/proc/self/nope"], "is not writable"),
+        # Values that parse but cannot train: refused before metrics.jsonl gets a record.
+        (["--lr", "inf"], "--lr must be a finite number"),
+        (["--lr", "nan"], "--lr must be a finite number"),
+        (["--wd", "inf"], "--wd must be a finite number"),
+        (["--lr-decay-factor", "inf"], "--lr-decay-factor must be a finite number"),
+        (["--lr-decay-factor", "2"], "--lr-decay-factor must be in (0, 1]"),
+        (["--warmup-epochs", "inf"], "--warmup-epochs must be a finite number"),
+        (["--grad-bucket-mb", "inf"], "--grad-bucket-mb must be a finite number"),
+        (["--momentum", "5"], "--momentum must be in [0, 1)"),
+        (["--stall-timeout=-1"], "--stall-timeout must be >= 0"),
     ]
     for flags, needle in table:
         argv = [tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3"]
