@@ -28,19 +28,9 @@ from .models import build_model
 from .report import TensorBoardWriter
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
+from .writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
-
-
-def _check_output_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
 
 
 @dataclass
@@ -142,8 +132,10 @@ def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
     if threads:
         logger.info("%d workers share this host: %d OpenMP threads each", dist.local_size,
                     threads)
-    if cfg.output_dir and dist.is_root:
-        _check_output_dir(cfg.output_dir)
+    if dist.is_root:  # before anything is written
+        for flag, folder in (("--output-dir", cfg.output_dir), ("--tensorboard", cfg.tensorboard)):
+            if folder:
+                check_writable_dir(folder, flag)
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
     precision.check_devices(cfg, devices)

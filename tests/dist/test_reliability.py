@@ -3,6 +3,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -228,3 +229,26 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], \
             (flags, proc.stdout[-2000:])
         assert _digest(run) == before, f"{flags} changed the output folder"
+
+
+def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(tmp_path):
+    """A 2 MiB tmpfs holds the first checkpoint (1.2 MB) but not the second."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        proc = run_command([tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3",
+                            "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
+        errors = [l for l in proc.stdout.splitlines() if "error" in l.lower()]
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+        assert len(errors) == 1 and errors[0].startswith("hvdtrain: error: cannot write "
+                                                         f"{disk}/checkpoints/.tmp-epoch-0002")
+        assert errors[0].endswith(": no space left on device"), errors
+        assert sorted(os.listdir(disk / "checkpoints")) == ["epoch-0001", "latest"]
+        records = [json.loads(l) for l in (disk / "metrics.jsonl").read_text().splitlines()]
+        assert [r["event"] for r in records] == ["start", "epoch", "epoch"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
