@@ -2,8 +2,8 @@
 import logging
 import time
 
-from hvdtrain.watchdog import (STALL_CHECK_ENV, STALL_SHUTDOWN_ENV, Watchdog,
-                               horovod_stall_env)
+from hvdtrain.watchdog import (GLOO_TIMEOUT_ENV, STALL_CHECK_ENV, STALL_SHUTDOWN_ENV,
+                               Watchdog, horovod_stall_env)
 
 
 class FakeClock:
@@ -54,8 +54,12 @@ def test_beats_keep_it_quiet_and_zero_turns_it_off():
 
 
 def test_horovod_stall_variables_follow_the_timeout_unless_set():
-    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "600"}
-    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "30"}
-    assert horovod_stall_env(2.5, {}) == {STALL_CHECK_ENV: "1", STALL_SHUTDOWN_ENV: "3"}
-    assert horovod_stall_env(30, {STALL_CHECK_ENV: "5"}) == {STALL_SHUTDOWN_ENV: "30"}
+    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "600",
+                                          GLOO_TIMEOUT_ENV: "600"}
+    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "30",
+                                         GLOO_TIMEOUT_ENV: "30"}
+    assert horovod_stall_env(2.5, {})[STALL_CHECK_ENV] == "1"
+    assert horovod_stall_env(2.5, {})[STALL_SHUTDOWN_ENV] == "3"
+    assert horovod_stall_env(30, {STALL_CHECK_ENV: "5", GLOO_TIMEOUT_ENV: "9"}) == \
+        {STALL_SHUTDOWN_ENV: "30"}
     assert horovod_stall_env(0, {}) == {}
