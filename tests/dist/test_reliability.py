@@ -125,6 +125,7 @@ def test_a_frozen_rank_ends_the_job(name, tmp_path):
 
 
 @pytest.mark.parametrize("name,signum", [("horovodrun", signal.SIGTERM),
+                                         ("mpirun", signal.SIGTERM),
                                          ("horovodrun-gloo", signal.SIGINT),
                                          ("horovodrun-gloo", signal.SIGTERM),
                                          ("hvdtrain-launch", signal.SIGTERM)])
@@ -231,7 +232,8 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         assert _digest(run) == before, f"{flags} changed the output folder"
 
 
-def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(tmp_path):
+@pytest.mark.parametrize("name", ["single", "horovodrun"])
+def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(name, tmp_path):
     """A 2 MiB tmpfs holds the first checkpoint (1.2 MB) but not the second."""
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -239,9 +241,15 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(tmp_path):
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        proc = run_command([tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3",
-                            "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
-        errors = [l for l in proc.stdout.splitlines() if "error" in l.lower()]
+        prefix = [] if name == "single" else launcher(name)
+        store = ["--kvstore", "none"] if name == "single" else []
+        start = time.monotonic()
+        proc = run_command(prefix + [tool("hvdtrain"), *DIGITS, *store, "--epochs", "3",
+                                     "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
+        print(f"{name}: exit {proc.returncode} after {time.monotonic() - start:.1f}s")
+        # Under mpirun the line carries its rank prefix ("[1,0]<stderr>:").
+        errors = [l.split("<stderr>:")[-1] for l in proc.stdout.splitlines()
+                  if "error:" in l.lower()]
         assert proc.returncode == 1, proc.stdout[-3000:]
         assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
         assert len(errors) == 1 and errors[0].startswith("hvdtrain: error: cannot write "

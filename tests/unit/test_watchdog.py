@@ -54,12 +54,12 @@ def test_beats_keep_it_quiet_and_zero_turns_it_off():
 
 
 def test_horovod_stall_variables_follow_the_timeout_unless_set():
-    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "600",
-                                          GLOO_TIMEOUT_ENV: "600"}
-    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "30",
-                                         GLOO_TIMEOUT_ENV: "30"}
-    assert horovod_stall_env(2.5, {})[STALL_CHECK_ENV] == "1"
-    assert horovod_stall_env(2.5, {})[STALL_SHUTDOWN_ENV] == "3"
+    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "900",
+                                          GLOO_TIMEOUT_ENV: "900"}
+    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "45",
+                                         GLOO_TIMEOUT_ENV: "45"}
+    assert horovod_stall_env(1, {}) == {STALL_CHECK_ENV: "1", STALL_SHUTDOWN_ENV: "2",
+                                        GLOO_TIMEOUT_ENV: "2"}
     assert horovod_stall_env(30, {STALL_CHECK_ENV: "5", GLOO_TIMEOUT_ENV: "9"}) == \
-        {STALL_SHUTDOWN_ENV: "30"}
+        {STALL_SHUTDOWN_ENV: "45"}
     assert horovod_stall_env(0, {}) == {}
