@@ -19,10 +19,10 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from .config import ConfigError
-from .writes import write_failure
+from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -36,37 +36,6 @@ logger = logging.getLogger("hvdtrain")
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used; the message says which and why."""
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(tmp_path)``, fsync the result, then rename it to `path`.
-
-    A reader (or a crash) sees either the old file or the complete new one.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    failure = None
-    try:
-        write(tmp)
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-    except Exception as err:  # MXNet reports a short write as MXNetError
-        failure = write_failure(path, err)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    if failure is not None:
-        raise failure
-    _fsync_path(folder)
-    return path
 
 
 def save_params(net, path: str) -> str:

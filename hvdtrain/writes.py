@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Callable
 
 from .config import ConfigError
 
@@ -63,3 +64,35 @@ def write_failure(path: str, err: BaseException) -> OutputError:
     else:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
     return OutputError(f"cannot write {path}: {reason}")
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or folder (so that a rename in it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, write: Callable[[str], None]) -> str:
+    """Call ``write(tmp_path)``, fsync the result, then rename it to `path`.
+
+    A reader (or a crash) sees either the old file or the complete new one.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    failure = None
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    except Exception as err:  # MXNet reports a short write as MXNetError
+        failure = write_failure(path, err)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    if failure is not None:
+        raise failure
+    fsync_path(folder)
+    return path

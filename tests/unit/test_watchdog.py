@@ -63,3 +63,27 @@ def test_horovod_stall_variables_follow_the_timeout_unless_set():
     assert horovod_stall_env(30, {STALL_CHECK_ENV: "5", GLOO_TIMEOUT_ENV: "9"}) == \
         {STALL_SHUTDOWN_ENV: "45"}
     assert horovod_stall_env(0, {}) == {}
+
+
+def test_every_training_step_and_evaluation_batch_beats_it(monkeypatch):
+    from hvdtrain import job
+    from hvdtrain.config import TrainConfig
+
+    beats = []
+
+    class Recording(Watchdog):
+        def beat(self, step):
+            beats.append(step)
+            super().beat(step)
+
+    monkeypatch.setattr(job, "Watchdog", Recording)
+    run = job.train(TrainConfig(dataset="digits", no_cuda=True, kvstore="none", epochs=2,
+                                batch_size=256, log_interval=0, progress=False,
+                                stall_timeout=300))
+    # digits: 1437 training samples (6 batches of 256), 360 test samples (2 batches).
+    assert run.result["steps"] == 12
+    training = [b for b in beats if b.startswith("training step")]
+    evaluation = [b for b in beats if b.startswith("evaluation batch")]
+    assert training[-1] == "training step 12 (epoch 2)" and len(training) == 12
+    assert evaluation == ["evaluation batch 1 (epoch 1)", "evaluation batch 2 (epoch 1)",
+                          "evaluation batch 1 (epoch 2)", "evaluation batch 2 (epoch 2)"]
