@@ -18,6 +18,7 @@ from . import config as cfgmod
 from .config import ConfigError, TrainConfig
 from .guard import NonFiniteLoss
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
+from .writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
@@ -188,6 +189,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as err:
         print(f"hvdtrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except OutputError as err:
+        print(f"hvdtrain: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED

@@ -22,24 +22,15 @@ from .config import ConfigError, TrainConfig
 from .data import load_dataset
 from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
+from .lifeline import LauncherWatch, launcher_chain
 from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .report import TensorBoardWriter
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
+from .writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
-
-
-def _check_output_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
 
 
 @dataclass
@@ -125,17 +116,20 @@ def train(cfg: TrainConfig, devices=None) -> Run:
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
     From the first collective (``hvd.init()``) on, a :class:`Watchdog` ends this process
-    when no step completes for ``cfg.stall_timeout`` seconds.
+    when no step completes for ``cfg.stall_timeout`` seconds; throughout, a
+    :class:`LauncherWatch` ends it when the launcher that started it is gone.
     """
     setup_logging(rank=0)
-    resume_from = resolve_resume(cfg.resume, cfg.output_dir)
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    precision.init_amp(cfg)
-    net = build_model(cfg.model_name, data.num_classes)
-    if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
-        os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
-    with Watchdog(cfg.stall_timeout) as watchdog:
-        return _train(cfg, devices, resume_from, data, net, watchdog)
+    watchdog = Watchdog(cfg.stall_timeout)
+    with LauncherWatch(launcher_chain(), describe=watchdog.who):
+        resume_from = resolve_resume(cfg.resume, cfg.output_dir)
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        precision.init_amp(cfg)
+        net = build_model(cfg.model_name, data.num_classes)
+        if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
+            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+        with watchdog:
+            return _train(cfg, devices, resume_from, data, net, watchdog)
 
 
 def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
@@ -147,8 +141,10 @@ def _train(cfg: TrainConfig, devices, resume_from: Optional[str], data, net,
     if threads:
         logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
                     threads)
-    if cfg.output_dir and dist.is_root:
-        _check_output_dir(cfg.output_dir)
+    if dist.is_root:  # before anything is written
+        for flag, folder in (("--output-dir", cfg.output_dir), ("--tensorboard", cfg.tensorboard)):
+            if folder:
+                check_writable_dir(folder, flag)
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
     precision.check_devices(cfg, devices)

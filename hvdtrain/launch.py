@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -80,6 +81,19 @@ def parse_args(argv=None):
     if args.launcher == "ssh" and not args.hostfile:
         raise ConfigError("--launcher ssh needs --hostfile")
     return args
+
+
+def check_command(command: List[str], hosts: List[Host]) -> None:
+    """Refuse a worker program that is not there, before anything starts.
+
+    Only checkable here when the workers run on this machine (no hosts, or loopback ones);
+    on other hosts remote.py reports a missing program and the job stops.
+    """
+    if hosts and not all(h.is_loopback for h in hosts):
+        return
+    if shutil.which(command[0]) is None:
+        what = "is not an executable file" if os.sep in command[0] else "is not on PATH"
+        raise ConfigError(f"worker command {command[0]!r} not found: it {what} (a typo?)")
 
 
 def free_port(host: str = "") -> int:
@@ -198,6 +212,7 @@ def main(argv=None) -> int:
         hosts = read_hostfile(args.hostfile) if args.hostfile else []
         if args.launcher == "local":
             hosts = []
+        check_command(args.command, hosts)
         workdir = args.sync_dst_dir or os.getcwd()
         if args.sync_dst_dir and hosts:
             sync_dir(args, hosts, args.sync_dst_dir)

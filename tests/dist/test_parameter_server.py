@@ -161,3 +161,16 @@ def test_sync_dst_dir_copies_the_folder_and_runs_there(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert proc.stdout.count(f"cwd {dest} synced") == 2
     assert (dest / "marker.txt").read_text() == "synced"
+
+
+@pytest.mark.parametrize("launcher_kind", ["local", "mpi"])
+def test_mistyped_worker_command_is_one_line_and_leaves_nothing(launcher_kind):
+    tag = uuid.uuid4().hex
+    proc = tagged_launch(ps_launch("-n", "2", "-s", "1", "--launcher", launcher_kind,
+                                   "--env", "HVDTRAIN_TEST_TAG", "hvdtrian", "--kvstore",
+                                   "dist_sync", *DIGITS), tag)
+    out = reap(proc, tag, timeout=60)  # also: no scheduler or server is left
+    lines = [l for l in out.splitlines() if l.strip()]
+    assert proc.returncode == 2, out
+    assert lines == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "
+                     "on PATH (a typo?)"]

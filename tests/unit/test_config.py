@@ -92,3 +92,41 @@ def test_every_flag_reaches_hvdtrain_through_horovodrun():
             finally:
                 sys.argv = saved
             assert args.command == ["hvdtrain"] + tail
+
+
+# Every numeric flag at and past its edges, as the command line gives them (argparse's
+# float() takes inf, nan and 1e999). Each must be refused with the flag named.
+EDGE_VALUES = [
+    ("--lr", ["inf", "nan", "-inf", "1e999", "0", "-0.1"]),
+    ("--wd", ["inf", "nan", "-1e-4"]),
+    ("--momentum", ["5", "1", "1.0000001", "-0.1", "nan", "inf"]),
+    ("--lr-decay-factor", ["inf", "nan", "0", "-0.5", "1.5"]),
+    ("--warmup-epochs", ["inf", "nan", "-1"]),
+    ("--grad-bucket-mb", ["inf", "nan", "-1"]),
+    ("--stall-timeout", ["inf", "nan", "-1"]),
+    ("--batch-size", ["0", "-4"]),
+    ("--epochs", ["0", "-1"]),
+    ("--max-steps", ["0", "-3"]),
+    ("--gpus-per-worker", ["0", "-1"]),
+    ("--checkpoint-every", ["0", "-1"]),
+    ("--keep-checkpoints", ["0", "-1"]),
+    ("--finite-check-every", ["0", "-1"]),
+    ("--log-interval", ["-1"]),
+    ("--data-workers", ["-1"]),
+    ("--seed", ["-1", str(2 ** 31), str(10 ** 30)]),
+]
+
+
+@pytest.mark.parametrize("flag,value", [(f, v) for f, values in EDGE_VALUES for v in values])
+def test_numeric_flags_refuse_values_that_cannot_train(flag, value):
+    with pytest.raises(ConfigError, match=f"^{flag} must be "):
+        parse_config(["--dataset", "digits", f"{flag}={value}"])
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--momentum", "0"), ("--momentum", "0.999"), ("--lr-decay-factor", "1"),
+    ("--wd", "0"), ("--warmup-epochs", "0"), ("--grad-bucket-mb", "0"),
+    ("--stall-timeout", "0"), ("--seed", "0"), ("--log-interval", "0"),
+    ("--data-workers", "0"), ("--lr", "1e-9")])
+def test_numeric_flags_accept_their_edges(flag, value):
+    parse_config(["--dataset", "digits", flag, value])
