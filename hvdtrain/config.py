@@ -189,6 +189,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
     if cfg.gpus and cfg.gpus_per_worker:
         raise ConfigError("give either --gpus or --gpus-per-worker, not both")
+    if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
+        raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
+                          "--no-cuda")
     if any(g < 0 for g in cfg.gpus):
         raise ConfigError(f"--gpus must be GPU ids >= 0, got {list(cfg.gpus)}")
     if cfg.kvstore == "dist_async" and (cfg.warmup_epochs or cfg.lr_decay_epochs):

@@ -130,3 +130,10 @@ def test_numeric_flags_refuse_values_that_cannot_train(flag, value):
     ("--data-workers", "0"), ("--lr", "1e-9")])
 def test_numeric_flags_accept_their_edges(flag, value):
     parse_config(["--dataset", "digits", flag, value])
+
+
+@pytest.mark.parametrize("gpus", [["--gpus", "0"], ["--gpus-per-worker", "2"]])
+def test_no_cuda_with_gpus_is_refused(gpus):
+    """Both ask for opposite things: training silently on the CPU would waste a GPU job."""
+    with pytest.raises(ConfigError, match="--no-cuda trains on the CPU"):
+        parse_config(["--dataset", "digits", "--no-cuda"] + gpus)
