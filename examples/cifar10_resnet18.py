@@ -21,11 +21,14 @@ parser.add_argument("--output-dir")
 parser.add_argument("--no-cuda", action="store_true")
 args = parser.parse_args()
 
-cfg = hvdtrain.TrainConfig(dataset="cifar10", data_dir=args.data_dir, model="resnet18_v1",
-                           epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                           max_steps=args.max_steps, no_cuda=args.no_cuda,
-                           output_dir=args.output_dir, log_interval=20)
-data = hvdtrain.load_dataset("cifar10", args.data_dir)        # random crop + flip, normalised
+try:  # a bad flag or missing data files: one line, exit 2
+    cfg = hvdtrain.TrainConfig(dataset="cifar10", data_dir=args.data_dir, model="resnet18_v1",
+                               epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                               max_steps=args.max_steps, no_cuda=args.no_cuda,
+                               output_dir=args.output_dir, log_interval=20)
+    data = hvdtrain.load_dataset("cifar10", args.data_dir)    # random crop + flip, normalised
+except hvdtrain.ConfigError as err:
+    parser.exit(2, f"{parser.prog}: error: {err}\n")
 net = hvdtrain.build_model("resnet18_v1", classes=data.num_classes)
 
 dist = hvdtrain.DistContext.from_store(hvdtrain.create_store("horovod"))  # hvd.init() here

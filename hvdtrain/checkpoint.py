@@ -22,9 +22,10 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from .config import ConfigError
+from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -56,32 +57,6 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used; the message says which and why."""
 
 
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(tmp_path)``, fsync the result, then rename it to `path`.
-
-    A reader (or a crash) sees either the old file or the complete new one.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        _fsync_path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    _fsync_path(folder)
-    return path
-
-
 def save_params(net, path: str) -> str:
     """Save `net`'s parameters (Gluon ``save_parameters`` format) atomically to `path`."""
     return atomic_write(path, net.save_parameters)
@@ -109,16 +84,14 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     clear_leftovers(folder)
     name = checkpoint_name(meta["epoch"], meta["step"], meta.get("epoch_samples", 0))
     tmp = os.path.join(folder, f".tmp-{name}-{os.getpid()}")
-    os.makedirs(tmp)
-    net.save_parameters(os.path.join(tmp, PARAMS))
-    if with_states:
-        trainer.save_states(os.path.join(tmp, STATES))
-    full_meta = dict(meta, param_shapes=param_shapes(net), has_states=with_states)
-    with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
-        json.dump(full_meta, out, indent=1, sort_keys=True)
-    for entry in os.listdir(tmp):
-        _fsync_path(os.path.join(tmp, entry))
-    _fsync_path(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_folder(tmp, net, trainer, dict(meta, param_shapes=param_shapes(net),
+                                              has_states=with_states), with_states)
+    except Exception as err:  # a full disk shows up as OSError or MXNetError
+        failure = write_failure(tmp, err)
+        shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
+        raise failure from None
     final = os.path.join(folder, name)
     stale = None
     if os.path.exists(final):  # a resumed run redoing this epoch: move the old one aside
@@ -131,6 +104,19 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         shutil.rmtree(stale, ignore_errors=True)
     prune(folder, keep)
     return final
+
+
+def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool) -> None:
+    """Write and fsync every file of a checkpoint into the new folder `tmp`."""
+    os.makedirs(tmp)
+    net.save_parameters(os.path.join(tmp, PARAMS))
+    if with_states:
+        trainer.save_states(os.path.join(tmp, STATES))
+    with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
+        json.dump(meta, out, indent=1, sort_keys=True)
+    for entry in os.listdir(tmp):
+        _fsync_path(os.path.join(tmp, entry))
+    _fsync_path(tmp)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -18,6 +18,7 @@ from . import config as cfgmod
 from .config import ConfigError, TrainConfig
 from .guard import NonFiniteLoss
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
+from .writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
@@ -150,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "terminal; plain log lines otherwise)")
     out.add_argument("--tensorboard", metavar="DIR",
                      help="write TensorBoard scalars (rank 0) to DIR")
+    out.add_argument("--horovod-timeline", metavar="FILE",
+                     help="write Horovod's timeline of every collective (rank 0) to FILE, "
+                          "a Chrome trace: open it in chrome://tracing or Perfetto")
     out.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                      help="save a checkpoint every N epochs, and after the last "
                           "(default: %(default)s)")
@@ -185,6 +189,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as err:
         print(f"hvdtrain: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except OutputError as err:
+        print(f"hvdtrain: error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED

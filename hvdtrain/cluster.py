@@ -18,7 +18,7 @@ from typing import Dict, List
 
 from .config import ConfigError
 from .gpus import SUPPORTED_RANGE
-from .hostfile import read_hostfile
+from .hostfile import horovodrun_unreadable, read_hostfile
 
 PROBE = r"""
 import json, os, sys
@@ -149,6 +149,12 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"check-cluster: error: {err}", file=sys.stderr)
         return 2
+    with open(args.hostfile, encoding="utf-8") as src:
+        unreadable = horovodrun_unreadable(src.read())
+    if unreadable:
+        print(f"check-cluster: warning: horovodrun --hostfile cannot read {args.hostfile} "
+              f"(line {', '.join(map(str, unreadable))}): it takes only 'HOST slots=N' lines, "
+              f"no comments or blank lines", file=sys.stderr)
     local = subprocess.run(probe_command(sys.executable), capture_output=True, text=True)
     expected = parse_probe(local.stdout)
     if "error" in expected or "hvd_init" not in expected:

@@ -6,6 +6,7 @@ configuration is, so the library API and the command line share one set of rules
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -88,6 +89,7 @@ class TrainConfig:
     dtype: str = "float32"
     amp: bool = False
     tensorboard: Optional[str] = None
+    horovod_timeline: Optional[str] = None
     stall_timeout: float = 600.0
 
     def __post_init__(self):
@@ -112,33 +114,64 @@ class TrainConfig:
         return "simple_cnn" if self.dataset == "digits" else "resnet18_v1"
 
 
-def _positive(cfg, *names):
-    for name in names:
-        value = getattr(cfg, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
-def _non_negative(cfg, *names):
-    for name in names:
-        value = getattr(cfg, name)
-        if not value >= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+def _check_range(cfg, name: str, low, high, low_open: bool, high_open: bool) -> None:
+    """Refuse a field (None is "not given") that is not a finite number in the range.
+
+    argparse's float() takes ``inf``, ``nan`` and ``1e999``: none of them can train.
+    """
+    value = getattr(cfg, name)
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{_flag(name)} must be a finite number, got {value}")
+    below = value <= low if low_open else value < low
+    above = high is not None and (value >= high if high_open else value > high)
+    if not (below or above):
+        return
+    if high is None:
+        wanted = "positive" if low_open and low == 0 else f"{'>' if low_open else '>='} {low}"
+    else:
+        wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    raise ConfigError(f"{_flag(name)} must be {wanted}, got {value}")
+
+
+# The range of every numeric field: (low, high, low_open, high_open); high None: no upper
+# bound. The seed is bounded by what MXNet's and numpy's generators take (seed + rank).
+RANGES = {
+    "batch_size": (0, None, True, False),
+    "epochs": (0, None, True, False),
+    "lr": (0, None, True, False),
+    "max_steps": (0, None, True, False),
+    "gpus_per_worker": (0, None, True, False),
+    "checkpoint_every": (0, None, True, False),
+    "keep_checkpoints": (0, None, True, False),
+    "finite_check_every": (0, None, True, False),
+    "momentum": (0, 1, False, True),
+    "lr_decay_factor": (0, 1, True, False),
+    "wd": (0, None, False, False),
+    "log_interval": (0, None, False, False),
+    "data_workers": (0, None, False, False),
+    "warmup_epochs": (0, None, False, False),
+    "grad_bucket_mb": (0, None, False, False),
+    "stall_timeout": (0, None, False, False),
+    "seed": (0, 2 ** 31 - 1, False, False),
+}
 
 
 def _one_of(cfg, name, choices):
     value = getattr(cfg, name)
     if value not in choices:
-        raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}; "
-                          f"got {value!r}")
+        raise ConfigError(f"{_flag(name)} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def validate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
-    _positive(cfg, "batch_size", "epochs", "lr", "max_steps", "lr_decay_factor",
-              "gpus_per_worker", "checkpoint_every", "keep_checkpoints", "finite_check_every")
-    _non_negative(cfg, "momentum", "wd", "log_interval", "data_workers", "warmup_epochs",
-                  "seed", "grad_bucket_mb", "stall_timeout")
+    for name, (low, high, low_open, high_open) in RANGES.items():
+        _check_range(cfg, name, low, high, low_open, high_open)
     _one_of(cfg, "kvstore", KVSTORES)
     _one_of(cfg, "dataset", DATASETS)
     _one_of(cfg, "optimizer", OPTIMIZERS)
@@ -156,6 +189,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
     if cfg.gpus and cfg.gpus_per_worker:
         raise ConfigError("give either --gpus or --gpus-per-worker, not both")
+    if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
+        raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
+                          "--no-cuda")
     if any(g < 0 for g in cfg.gpus):
         raise ConfigError(f"--gpus must be GPU ids >= 0, got {list(cfg.gpus)}")
     if cfg.kvstore == "dist_async" and (cfg.warmup_epochs or cfg.lr_decay_epochs):
@@ -166,3 +202,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--lr-decay-epochs must be positive epoch numbers")
     if list(cfg.lr_decay_epochs) != sorted(set(cfg.lr_decay_epochs)):
         raise ConfigError("--lr-decay-epochs must be increasing")
+    if cfg.horovod_timeline and cfg.kvstore != "horovod":
+        raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
+                          "--kvstore horovod")

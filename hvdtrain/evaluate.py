@@ -7,6 +7,7 @@ from typing import Callable, Optional
 import mxnet as mx
 from mxnet import gluon
 
+from .batches import split_batch
 from .dist import DistContext
 
 
@@ -25,23 +26,6 @@ class EvalResult:
     @property
     def loss(self) -> float:
         return self.loss_sum / self.count if self.count else 0.0
-
-
-def split_batch(images, labels, devices, dtype="float32"):
-    """Split one numpy batch over `devices` as evenly as it goes.
-
-    A batch with fewer samples than devices (an epoch's last one) goes to the first
-    ``len(labels)`` devices; MXNet's ``split_and_load`` would fail on it.
-
-    Returns
-    -------
-    (list of NDArray, list of NDArray, list of Context)
-        Images and labels per used device, and the devices left idle.
-    """
-    used = devices[:max(1, min(len(devices), len(labels)))]
-    xs = gluon.utils.split_and_load(mx.nd.array(images, dtype=dtype), used, even_split=False)
-    ys = gluon.utils.split_and_load(mx.nd.array(labels, dtype=dtype), used, even_split=False)
-    return xs, ys, devices[len(used):]
 
 
 def score_batch(net, loss_fn, images, labels, devices, dtype="float32"):

@@ -62,3 +62,19 @@ def read_hostfile(path: str) -> List[Host]:
     except OSError as err:
         raise HostfileError(f"cannot read hostfile {path}: {err.strerror}") from None
     return parse_hosts(text, path)
+
+
+_HOROVODRUN_LINE = re.compile(r"^\S+\s+slots=\d+\s*$")
+
+
+def horovodrun_unreadable(text: str) -> List[int]:
+    """Line numbers of a ``HOST slots=N`` hostfile that ``horovodrun --hostfile`` cannot read.
+
+    Horovod 0.28's reader takes every line as ``HOST slots=N`` and stops with a Python
+    traceback at anything else, a comment or a blank line included. A file with no
+    ``slots=`` line is in another launcher's form and is not judged.
+    """
+    lines = text.splitlines()
+    if not any("slots=" in line for line in lines):
+        return []
+    return [number for number, line in enumerate(lines, 1) if not _HOROVODRUN_LINE.match(line)]

@@ -19,6 +19,7 @@ from .config import ConfigError, TrainConfig
 from .data import load_dataset
 from .dist import DistContext, select_devices, share_cpu_threads
 from .kvstore import create_store
+from .lifeline import LauncherWatch, launcher_chain
 from .log import MetricsWriter, setup_logging
 from .models import build_model
 from .outdir import claim, refuse_fresh_run
@@ -27,6 +28,7 @@ from .resume import check_compatible, resume_state
 from .resume_from import loadable, resolve_resume
 from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
+from .writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
 
@@ -43,7 +45,16 @@ class Run:
 
 def build_dist(cfg: TrainConfig) -> DistContext:
     """Create the store (``hvd.init()`` happens here for Horovod) and read the layout."""
-    options = {"compression": "fp16"} if cfg.fp16_allreduce and cfg.kvstore == "horovod" else {}
+    options = {}
+    if cfg.horovod_timeline:
+        folder = os.path.dirname(os.path.abspath(cfg.horovod_timeline))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError(f"--horovod-timeline {cfg.horovod_timeline}: folder {folder} "
+                              f"does not exist or is not writable")
+    if cfg.kvstore == "horovod":
+        # Buckets are flat buffers reduced in place: fusing two of them would copy both.
+        options = {"compression": "fp16" if cfg.fp16_allreduce else "none",
+                   "timeline": cfg.horovod_timeline, "fuse_calls": cfg.grad_bucket_mb == 0}
     return DistContext.from_store(create_store(cfg.kvstore, **options))
 
 
@@ -82,34 +93,42 @@ def train(cfg: TrainConfig, devices=None) -> Run:
     Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
     holding another run or in use) is refused before anything is written. From the first
     collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step
-    completes for ``cfg.stall_timeout`` seconds.
+    completes for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it
+    when the launcher that started it is gone.
     """
     setup_logging(rank=0)
-    candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
-    if candidates:
-        check_compatible(candidates[0], read_meta(candidates[0]), cfg)
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    precision.init_amp(cfg)
-    net = build_model(cfg.model_name, data.num_classes)
-    if not cfg.resume:
-        refuse_fresh_run(cfg.output_dir)
-    if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
-        os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
-    with Watchdog(cfg.stall_timeout) as watchdog:
-        dist = build_dist(cfg)
-        setup_logging(dist.rank)
-        watchdog.set_rank(dist.rank)
-        threads = share_cpu_threads(dist.local_size)
-        if threads:
-            logger.info("%d workers share this host: %d OpenMP threads each",
-                        dist.local_size, threads)
-        lock = claim(cfg.output_dir, dist)
-        try:
-            return _run(cfg, data, net, dist, devices, candidates, watchdog)
-        finally:
-            if lock is not None:
-                lock.release()
+    watchdog = Watchdog(cfg.stall_timeout)
+    with LauncherWatch(launcher_chain(), describe=watchdog.who):
+        candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
+        if candidates:
+            check_compatible(candidates[0], read_meta(candidates[0]), cfg)
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        precision.init_amp(cfg)
+        net = build_model(cfg.model_name, data.num_classes)
+        if not cfg.resume:
+            refuse_fresh_run(cfg.output_dir)
+        if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
+            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+        with watchdog:
+            return _train(cfg, devices, candidates, data, net, watchdog)
 
+
+def _train(cfg: TrainConfig, devices, candidates, data, net, watchdog: Watchdog) -> Run:
+    dist = build_dist(cfg)
+    setup_logging(dist.rank)
+    watchdog.set_rank(dist.rank)
+    threads = share_cpu_threads(dist.local_size)
+    if threads:
+        logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
+                    threads)
+    if dist.is_root and cfg.tensorboard:  # before anything is written
+        check_writable_dir(cfg.tensorboard, "--tensorboard")
+    lock = claim(cfg.output_dir, dist)  # checks --output-dir is writable first
+    try:
+        return _run(cfg, data, net, dist, devices, candidates, watchdog)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _run(cfg: TrainConfig, data, net, dist: DistContext, devices, candidates,

@@ -52,15 +52,27 @@ class HorovodKVStore(KVStoreBase):
     compression : {'none', 'fp16'}, default 'none'
         Send float gradients as float16 on the wire (the sum is taken in float16, as with
         Horovod's ``Compression.fp16``), through one reused buffer per key.
+    timeline : str, optional
+        Write Horovod's timeline (a Chrome trace of every collective's phases) to this
+        file; rank 0 writes it.
+    fuse_calls : bool, default True
+        Let Horovod fuse separate calls that are ready in the same cycle into one buffer.
+        False (``HOROVOD_DISABLE_GROUP_FUSION=1`` unless set) reduces each call alone and
+        in place: the right choice when every call is already a whole flat bucket, which
+        fusion would only copy into its buffer and back.
     """
 
-    def __init__(self, compression="none"):
+    def __init__(self, compression="none", timeline=None, fuse_calls=True):
         import horovod.mxnet as hvd  # imported here: importing horovod loads MPI
 
         if compression not in ("none", "fp16"):
             raise ValueError(f"compression must be 'none' or 'fp16', got {compression!r}")
         for name, value in HOROVOD_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)  # read by hvd.init()
+        if timeline:
+            os.environ["HOROVOD_TIMELINE"] = timeline
+        if not fuse_calls:
+            os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "1")
         hvd.init()
         self._hvd = hvd
         # A lone worker has nothing to exchange: skipping Horovod's collectives saves their

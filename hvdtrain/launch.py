@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Dict, List, Optional
 
 from .config import ConfigError
 from .hostfile import Host, read_hostfile
-from .remote import PS_PROCESS, dmlc_env
+from .remote import PS_PROCESS, dmlc_env, with_worker_hook
 from .supervise import Job, Member
 
 # Passed to every process (remote ones too) so that a command found here is found there.
@@ -82,6 +83,19 @@ def parse_args(argv=None):
     return args
 
 
+def check_command(command: List[str], hosts: List[Host]) -> None:
+    """Refuse a worker program that is not there, before anything starts.
+
+    Only checkable here when the workers run on this machine (no hosts, or loopback ones);
+    on other hosts remote.py reports a missing program and the job stops.
+    """
+    if hosts and not all(h.is_loopback for h in hosts):
+        return
+    if shutil.which(command[0]) is None:
+        what = "is not an executable file" if os.sep in command[0] else "is not on PATH"
+        raise ConfigError(f"worker command {command[0]!r} not found: it {what} (a typo?)")
+
+
 def free_port(host: str = "") -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as sock:
@@ -117,6 +131,8 @@ def plan(args, hosts: List[Host], root_uri: str, root_port: int) -> List[Dict]:
             host = hosts[index % len(hosts)] if hosts else None
             node = None if args.interface else (host.address if host else LOOPBACK)
             env = {**passed, **extra, **dmlc_env(role, node_host=node, **common)}
+            if role == "worker":  # a failing worker program must exit, not hang
+                env = with_worker_hook(env)
             procs.append(dict(role=role, index=index, host=host, env=env))
     for proc in procs:
         if proc["role"] == "worker":
@@ -196,6 +212,7 @@ def main(argv=None) -> int:
         hosts = read_hostfile(args.hostfile) if args.hostfile else []
         if args.launcher == "local":
             hosts = []
+        check_command(args.command, hosts)
         workdir = args.sync_dst_dir or os.getcwd()
         if args.sync_dst_dir and hosts:
             sync_dir(args, hosts, args.sync_dst_dir)

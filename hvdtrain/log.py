@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Optional
 
+from .writes import write_failure
+
 LOGGER_NAME = "hvdtrain"
 
 
@@ -82,6 +84,12 @@ class MetricsWriter:
             if self._cut_last_line():
                 line = "\n" + line
         with open(self.path, "a", encoding="utf-8") as out:
-            out.write(line + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+            size = out.tell()
+            try:
+                out.write(line + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as err:  # e.g. a full disk: leave no half line behind
+                failure = write_failure(self.path, err)
+                os.truncate(self.path, size)
+                raise failure from None

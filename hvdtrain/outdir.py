@@ -20,22 +20,11 @@ import mxnet as mx
 
 from .checkpoint import CHECKPOINTS, missing_files, named_checkpoints, clear_leftovers
 from .config import ConfigError
+from .writes import check_writable_dir
 
 LOCK_FILE = ".hvdtrain.lock"
 
 logger = logging.getLogger("hvdtrain")
-
-
-def check_writable(path: str) -> None:
-    """Create `path` if needed and prove a file can be written there."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".hvdtrain-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.remove(probe)
-    except OSError as err:
-        raise ConfigError(f"--output-dir {path} is not writable: {err.strerror}") from None
 
 
 def refuse_fresh_run(output_dir: Optional[str]) -> None:
@@ -97,7 +86,7 @@ def claim(output_dir: Optional[str], dist) -> Optional[OutputLock]:
         return None
     lock, busy = None, 0
     if dist.is_root:
-        check_writable(output_dir)
+        check_writable_dir(output_dir, "--output-dir")
         lock = OutputLock(output_dir)
         busy = 0 if lock.acquire() else 1
         if not busy:

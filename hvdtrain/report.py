@@ -36,7 +36,7 @@ class TensorBoardWriter:
                 from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
             except ImportError:
                 raise ConfigError("--tensorboard needs tensorboardX: "
-                                  "pip install 'hvdtrain[tensorboard]'") from None
+                                  "pip install tensorboardX (make install does)") from None
             self.writer = SummaryWriter(logdir)
 
     def epoch(self, epoch: int, **scalars) -> None:

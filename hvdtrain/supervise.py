@@ -37,6 +37,16 @@ class Member:
     process: Optional[subprocess.Popen] = field(default=None, repr=False)
 
 
+class StartError(Exception):
+    """A member could not be started; the members started before it were killed."""
+
+    def __init__(self, member: Member, error: OSError):
+        super().__init__(f"cannot start {member.name or 'command'} ({member.argv[0]}): "
+                         f"{error.strerror}; stopped the processes already started")
+        # A shell's convention: 127 for a program not found, 126 for one that cannot run.
+        self.status = 127 if isinstance(error, FileNotFoundError) else 126
+
+
 class Job:
     """Start `members`, stream their output, and end together.
 
@@ -60,10 +70,15 @@ class Job:
                 self.out.flush()
 
     def start(self):
+        """Start every member; if one cannot start, kill those already started and raise."""
         for member in self.members:
-            member.process = subprocess.Popen(
-                member.argv, env=member.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                member.process = subprocess.Popen(
+                    member.argv, env=member.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as err:
+                self.kill()
+                raise StartError(member, err) from None
             pump = threading.Thread(target=self._pump, args=(member,), daemon=True)
             pump.start()
             self._pumps.append(pump)
@@ -114,6 +129,9 @@ class Job:
         try:
             self.start()
             return self.wait()
+        except StartError as err:
+            self._say(str(err))
+            return err.status
         except KeyboardInterrupt as interrupt:
             self._say("interrupted; stopping the job")
             self.kill()

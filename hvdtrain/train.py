@@ -21,7 +21,8 @@ from .checkpoint import CHECKPOINTS, Checkpointer
 from .config import TrainConfig
 from .data import Dataset
 from .dist import DistContext
-from .evaluate import evaluate, split_batch, tally_batch
+from .batches import split_batch, zero_gradients
+from .evaluate import evaluate, tally_batch
 from .exchange import BucketedTrainer
 from .guard import FiniteGuard
 from . import precision
@@ -185,20 +186,6 @@ class Outputs:
         return paths
 
 
-def zero_gradients(net, sample, device):
-    """Write zero gradients, as fresh ones, on a `device` that got no part of the batch:
-    the Trainer refuses stale gradients, and the store sums every device's copy.
-
-    They come from the backward pass of a zero loss on one `sample`, so only public API is
-    used. Forward and backward both run in predict mode, which keeps BatchNorm's running
-    statistics out of it (MXNet 1.x moves them in the backward pass).
-    """
-    sample = sample.as_in_context(device)
-    with autograd.record(train_mode=False):
-        zero = net(sample).sum() * 0
-    autograd.backward([zero], train_mode=False)
-
-
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     """Run one epoch (or until `max_steps`) and return its totals over all ranks
     (this rank's own under ``dist_async``).
@@ -309,7 +296,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress, cfg.amp,
                 precision.input_dtype(cfg), watchdog)
-    logger.info("training %s on %s: %d workers x %d devices x batch %d = global batch %d, "
+    logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
                 train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,

@@ -27,6 +27,7 @@ logger = logging.getLogger("hvdtrain")
 EXIT_STALLED = 1
 STALL_CHECK_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 STALL_SHUTDOWN_ENV = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 # Horovod's own default warning time; kept when the timeout leaves room for it.
 HOROVOD_WARNING_SECONDS = 60
 
@@ -35,14 +36,20 @@ def horovod_stall_env(timeout: float, environ: Mapping[str, str]) -> Dict[str, s
     """Horovod's stall variables matching `timeout` (0: watchdog off, nothing to set).
 
     Horovod warns about a stalled tensor after the check time and shuts down after the
-    shutdown time. The warning (which names the ranks that are missing) should come first,
-    the shutdown when the watchdog would fire. A variable the user set is left alone.
+    shutdown time; under Gloo a collective fails after the Gloo timeout. The warning (which
+    names the ranks that are missing) comes at half the timeout (at most Horovod's usual
+    60 s). The shutdown and the Gloo timeout are a backstop at 1.5 times the timeout: the
+    watchdog fires first and says which rank stopped and where, whereas Horovod's shutdown
+    is a traceback on every rank. Shorter Horovod limits would also end a healthy job whose
+    rank 0 spends minutes on a checkpoint while the others wait in the next allreduce. A
+    variable the user set is left alone.
     """
     if not timeout:
         return {}
-    shutdown = max(2, math.ceil(timeout))
-    wanted = {STALL_CHECK_ENV: str(max(1, min(HOROVOD_WARNING_SECONDS, shutdown // 2))),
-              STALL_SHUTDOWN_ENV: str(shutdown)}
+    backstop = str(max(2, math.ceil(1.5 * timeout)))
+    check = max(1, min(HOROVOD_WARNING_SECONDS, math.ceil(timeout) // 2))
+    wanted = {STALL_CHECK_ENV: str(check), STALL_SHUTDOWN_ENV: backstop,
+              GLOO_TIMEOUT_ENV: backstop}
     return {name: value for name, value in wanted.items() if name not in environ}
 
 

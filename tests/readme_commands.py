@@ -4,7 +4,7 @@ Every line of a fenced ``bash``/``sh``/``shell``/``console`` block is collected 
 continuations joined, ``#`` comments dropped). Lines that start with one of :data:`COVERED`
 are run or parsed by ``tests/dist/test_readme_commands.py``; lines that start with one of
 :data:`NOT_RUN` are set-up steps a test cannot stand in for (they are named here so that a
-new kind of line fails ``tests/unit/test_readme_commands.py`` until somebody decides).
+new kind of line fails ``tests/unit/test_readme_collector.py`` until somebody decides).
 """
 import glob
 import os

@@ -39,3 +39,11 @@ def test_parameter_server_script():
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "store: dist_sync" in proc.stdout and "run summary" in proc.stdout
+
+
+def test_cifar10_example_names_missing_data_in_one_line(tmp_path):
+    proc = run_command([sys.executable, os.path.join(EXAMPLES, "cifar10_resnet18.py"),
+                        "--data-dir", str(tmp_path / "nothing")], timeout=JOB_TIMEOUT)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert "CIFAR-10 binary files missing" in lines[0]

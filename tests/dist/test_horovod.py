@@ -43,10 +43,15 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
         assert_same_params(contig[0], one[0], atol=1e-5)
 
 
-def test_gradient_buckets_leave_the_result_unchanged(tmp_path):
-    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"]
+@pytest.mark.parametrize("option", ["", "--no-hybridize", "--fp16-allreduce"])
+def test_gradient_buckets_leave_the_result_unchanged(option, tmp_path):
+    """Zero-copy buckets (gradients as views into one flat buffer per bucket, one in-place
+    allreduce each) against the Trainer's own one-call-per-parameter exchange, with static
+    graphs, imperatively, and with float16 on the wire (cast per bucket vs per key)."""
+    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"] \
+        + ([option] if option else [])
     params_by_cap, buckets_by_cap = {}, {}
-    for cap in ("0", "0.002", "25"):
+    for cap in ("0", "0.002", "25") if not option else ("0", "0.002"):
         (tmp_path / cap).mkdir()
         results, params, _ = run_ranks(launcher("horovodrun"), tmp_path / cap,
                                        flags + ["--grad-bucket-mb", cap])
@@ -54,10 +59,11 @@ def test_gradient_buckets_leave_the_result_unchanged(tmp_path):
         assert_same_params(params[0], params[1])
         params_by_cap[cap], buckets_by_cap[cap] = params[0], results[0]["grad_buckets"]
     assert buckets_by_cap["0"] == 0  # the Trainer's own exchange, one call per parameter
-    assert buckets_by_cap["0.002"] > buckets_by_cap["25"] == 1
-    # Two ranks sum a + b whatever the grouping: the results are bit-identical.
-    assert_same_params(params_by_cap["0.002"], params_by_cap["0"])
-    assert_same_params(params_by_cap["25"], params_by_cap["0"])
+    assert buckets_by_cap["0.002"] > 1
+    if "25" in buckets_by_cap:
+        assert buckets_by_cap["25"] == 1
+        assert_same_params(params_by_cap["25"], params_by_cap["0"], atol=1e-6)
+    assert_same_params(params_by_cap["0.002"], params_by_cap["0"], atol=1e-6)
 
 
 def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):
@@ -118,3 +124,25 @@ def test_fp16_allreduce_keeps_metrics_exact_beyond_the_float16_range(tmp_path):
     assert 0.5 < epoch["test_loss"] < 20 and 0.5 < epoch["train_loss"] < 20, epoch
     assert 0 <= epoch["test_acc"] <= 1
     assert_same_params(params[0], params[1])
+
+
+def test_timeline_shows_buckets_reduced_in_place(tmp_path):
+    """--horovod-timeline FILE: rank 0 writes Horovod's Chrome trace. It names our
+    collectives, and shows what zero-copy buckets promise: no bucket is ever copied into
+    Horovod's fusion buffer (many small buckets, all ready within one cycle, would be)."""
+    timeline = tmp_path / "timeline.json"
+    run_ranks(launcher("horovodrun"), tmp_path,
+              DIGITS + ["--max-steps", "3", "--model", "simple_cnn", "--grad-bucket-mb", "0.002",
+                        "--horovod-timeline", str(timeline)])
+    text = timeline.read_text().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and "name" in e.get("args", {})}
+    phases = {}
+    for event in events:
+        if event.get("ph") == "B":
+            phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
+    buckets = {row: seen for row, seen in phases.items() if "allreduce.bucket." in row}
+    assert len(buckets) > 1 and any("broadcast." in row for row in phases), sorted(phases)
+    for row, seen in buckets.items():
+        assert "MPI_ALLREDUCE" in seen and "MEMCPY_IN_FUSION_BUFFER" not in seen, (row, seen)

@@ -72,6 +72,26 @@ def test_worker_that_raises_stops_the_job(tmp_path):
     assert len(seen) >= 4  # scheduler, server, two workers
 
 
+@pytest.mark.parametrize("how,fail,status", [("local", "raise", 1), ("local", "exit", 3),
+                                             ("local", "", 0), ("mpi", "exit", 3)])
+def test_any_python_worker_program_that_fails_ends_the_job(how, fail, status):
+    # MXNet alone, no hvdtrain: worker 1 raises or calls sys.exit(3) while worker 0 waits
+    # for it in a pushpull. Without the launcher's exit hook it hangs in ps-lite's finalizer.
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = tagged_launch(ps_launch("--launcher", how, "-n", "2", "-s", "1",
+                                   "--env", "HVDTRAIN_TEST_TAG",
+                                   "--env-worker", f"PS_PROGRAM_FAIL:{fail}", sys.executable,
+                                   os.path.join(HERE, "ps_program.py")), tag)
+    out = reap(proc, tag, timeout=90)
+    assert proc.returncode == status, out[-3000:]
+    assert time.monotonic() - start < 30 + 10  # 10 s of start-up on a loaded machine
+    if status:
+        assert f"exited with status {status}; stopping the job" in out
+    else:
+        assert out.count("done: [2.0, 2.0, 2.0, 2.0]") == 2, out[-3000:]
+
+
 def test_killed_worker_stops_the_job(tmp_path):
     tag = uuid.uuid4().hex
     proc = tagged_launch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG",
@@ -141,3 +161,16 @@ def test_sync_dst_dir_copies_the_folder_and_runs_there(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert proc.stdout.count(f"cwd {dest} synced") == 2
     assert (dest / "marker.txt").read_text() == "synced"
+
+
+@pytest.mark.parametrize("launcher_kind", ["local", "mpi"])
+def test_mistyped_worker_command_is_one_line_and_leaves_nothing(launcher_kind):
+    tag = uuid.uuid4().hex
+    proc = tagged_launch(ps_launch("-n", "2", "-s", "1", "--launcher", launcher_kind,
+                                   "--env", "HVDTRAIN_TEST_TAG", "hvdtrian", "--kvstore",
+                                   "dist_sync", *DIGITS), tag)
+    out = reap(proc, tag, timeout=60)  # also: no scheduler or server is left
+    lines = [l for l in out.splitlines() if l.strip()]
+    assert proc.returncode == 2, out
+    assert lines == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "
+                     "on PATH (a typo?)"]

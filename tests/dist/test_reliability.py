@@ -3,6 +3,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -12,7 +13,7 @@ import pytest
 
 from helpers import run_command, tool
 from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
-                  role_pids, run_ranks, tagged_launch)
+                  role_pids, run_ranks, tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,6 +124,33 @@ def test_a_frozen_rank_ends_the_job(name, tmp_path):
     assert elapsed < 60, out[-3000:]
 
 
+@pytest.mark.parametrize("name,signum", [("horovodrun", signal.SIGTERM),
+                                         ("mpirun", signal.SIGTERM),
+                                         ("horovodrun-gloo", signal.SIGINT),
+                                         ("horovodrun-gloo", signal.SIGTERM),
+                                         ("hvdtrain-launch", signal.SIGTERM)])
+def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path):
+    """What a supervisor, ``docker stop`` or a Kubernetes launcher pod does: signal the
+    launcher's pid, not its process group. horovodrun (MPI) has become ``sh -c mpirun``, so
+    the shell alone dies; the ranks notice their launcher is gone and exit."""
+    proc, tag, _ = start_long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(tmp_path)  # ranks watch their launcher once hvdtrain runs
+    os.kill(proc.pid, signum)
+    signalled = time.monotonic()
+    proc.wait(timeout=60)
+    while tagged_pids(tag) and time.monotonic() - signalled < 60:
+        time.sleep(0.2)
+    elapsed = time.monotonic() - signalled
+    left = tagged_pids(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    out = proc.stdout.read().decode()
+    print(f"{name}: every process gone {elapsed:.1f}s after {signal.Signals(signum).name} "
+          f"to the launcher pid")
+    assert left == [], out[-3000:]
+    assert elapsed < 30
+
+
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     out_dir = tmp_path / "run"
     cmd = launcher("horovodrun-gloo") + [
@@ -182,6 +210,16 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         (["--dataset", "cifar10", "--data-dir", str(cifar)], "test_batch.bin is not a CIFAR-10"),
         (["--dataset", "cifar10", "--data-dir", str(tmp_path / "nodata")], "files missing"),
         (["--output-dir", "/proc/self/nope"], "is not writable"),
+        # Values that parse but cannot train: refused before metrics.jsonl gets a record.
+        (["--lr", "inf"], "--lr must be a finite number"),
+        (["--lr", "nan"], "--lr must be a finite number"),
+        (["--wd", "inf"], "--wd must be a finite number"),
+        (["--lr-decay-factor", "inf"], "--lr-decay-factor must be a finite number"),
+        (["--lr-decay-factor", "2"], "--lr-decay-factor must be in (0, 1]"),
+        (["--warmup-epochs", "inf"], "--warmup-epochs must be a finite number"),
+        (["--grad-bucket-mb", "inf"], "--grad-bucket-mb must be a finite number"),
+        (["--momentum", "5"], "--momentum must be in [0, 1)"),
+        (["--stall-timeout=-1"], "--stall-timeout must be >= 0"),
     ]
     for flags, needle in table:
         argv = [tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3"]
@@ -192,3 +230,33 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], \
             (flags, proc.stdout[-2000:])
         assert _digest(run) == before, f"{flags} changed the output folder"
+
+
+@pytest.mark.parametrize("name", ["single", "horovodrun"])
+def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(name, tmp_path):
+    """A 2 MiB tmpfs holds the first checkpoint (1.2 MB) but not the second."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        prefix = [] if name == "single" else launcher(name)
+        store = ["--kvstore", "none"] if name == "single" else []
+        start = time.monotonic()
+        proc = run_command(prefix + [tool("hvdtrain"), *DIGITS, *store, "--epochs", "3",
+                                     "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
+        print(f"{name}: exit {proc.returncode} after {time.monotonic() - start:.1f}s")
+        # Under mpirun the line carries its rank prefix ("[1,0]<stderr>:").
+        errors = [l.split("<stderr>:")[-1] for l in proc.stdout.splitlines()
+                  if "error:" in l.lower()]
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+        assert len(errors) == 1 and errors[0].startswith("hvdtrain: error: cannot write "
+                                                         f"{disk}/checkpoints/.tmp-epoch-0002")
+        assert errors[0].endswith(": no space left on device"), errors
+        assert sorted(os.listdir(disk / "checkpoints")) == ["epoch-0001", "latest"]
+        records = [json.loads(l) for l in (disk / "metrics.jsonl").read_text().splitlines()]
+        assert [r["event"] for r in records] == ["start", "epoch", "epoch"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -3,6 +3,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from helpers import tool
 from jobs import DIGITS, assert_same_params, launcher, run_ranks
 
 pytestmark = pytest.mark.dist
@@ -34,3 +35,12 @@ def test_batchnorm_model_is_identical_on_every_rank_and_in_the_saved_files(tmp_p
     assert_same_params(saved_arrays(out / "checkpoints" / "epoch-0002" / "model.params"),
                        params[0], atol=1e-6)
     assert "Traceback" not in log
+
+
+def test_batchnorm_model_agrees_on_the_parameter_server(tmp_path):
+    # The same averaging through MXNet's dist_sync store (keys it must initialise first).
+    results, params, _ = run_ranks([tool("hvdtrain-launch"), "-n", "2", "-s", "1"], tmp_path,
+                                   BN_FLAGS + ["--kvstore", "dist_sync", "--epochs", "1"])
+    assert [r["rank"] for r in results] == [0, 1]
+    assert_same_params(params[0], params[1], atol=1e-6)
+    assert results[0]["test_acc"] == results[1]["test_acc"]

@@ -14,6 +14,11 @@ from helpers import run_command, tool
     (["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],
      "CIFAR-10 binary files missing in /nonexistent/cifar"),
     (["--output-dir", "/proc/hvdtrain-out"], "--output-dir /proc/hvdtrain-out is not writable"),
+    (["--tensorboard", "/proc/x"], "--tensorboard /proc/x is not writable"),
+    (["--tensorboard", "/etc/passwd"], "--tensorboard /etc/passwd is a file, not a folder"),
+    (["--lr", "inf"], "--lr must be a finite number, got inf"),
+    (["--momentum", "5"], "--momentum must be in [0, 1), got 5.0"),
+    (["--lr=-inf"], "--lr must be a finite number, got -inf"),
 ])
 def test_bad_input_is_one_line_and_exit_2(flags, needle):
     base = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1"]

@@ -63,3 +63,77 @@ def test_half_precision_refused_on_cpu_devices():
                                             (["--no-progress"], False)])
 def test_progress_is_an_on_off_flag_with_an_automatic_default(flags, expected):
     assert parse_config(["--dataset", "digits"] + flags).progress is expected
+
+
+def test_timeline_needs_the_horovod_store():
+    assert parse_config(["--dataset", "digits", "--horovod-timeline", "t.json"]).horovod_timeline == "t.json"
+    with pytest.raises(ConfigError, match="--horovod-timeline .* needs --kvstore horovod"):
+        parse_config(["--dataset", "digits", "--horovod-timeline", "t.json", "--kvstore", "local"])
+
+
+def test_every_flag_reaches_hvdtrain_through_horovodrun():
+    """horovodrun parses its own options with argparse, which matches abbreviations even
+    after the training command: an hvdtrain flag that is a prefix of one of horovodrun's
+    (`--timeline` of `--timeline-filename`) would stop the launch with "ambiguous option"."""
+    import sys
+
+    from horovod.runner.launch import parse_args
+
+    from hvdtrain.cli import build_parser
+    for action in build_parser()._actions:  # pylint: disable=protected-access
+        for flag in action.option_strings:
+            tail = [flag] if action.nargs == 0 else [flag, "1"]
+            saved = sys.argv
+            sys.argv = ["horovodrun", "-np", "2", "-H", "localhost:2", "hvdtrain"] + tail
+            try:
+                args = parse_args()
+            except SystemExit:
+                pytest.fail(f"horovodrun takes {flag} for one of its own options")
+            finally:
+                sys.argv = saved
+            assert args.command == ["hvdtrain"] + tail
+
+
+# Every numeric flag at and past its edges, as the command line gives them (argparse's
+# float() takes inf, nan and 1e999). Each must be refused with the flag named.
+EDGE_VALUES = [
+    ("--lr", ["inf", "nan", "-inf", "1e999", "0", "-0.1"]),
+    ("--wd", ["inf", "nan", "-1e-4"]),
+    ("--momentum", ["5", "1", "1.0000001", "-0.1", "nan", "inf"]),
+    ("--lr-decay-factor", ["inf", "nan", "0", "-0.5", "1.5"]),
+    ("--warmup-epochs", ["inf", "nan", "-1"]),
+    ("--grad-bucket-mb", ["inf", "nan", "-1"]),
+    ("--stall-timeout", ["inf", "nan", "-1"]),
+    ("--batch-size", ["0", "-4"]),
+    ("--epochs", ["0", "-1"]),
+    ("--max-steps", ["0", "-3"]),
+    ("--gpus-per-worker", ["0", "-1"]),
+    ("--checkpoint-every", ["0", "-1"]),
+    ("--keep-checkpoints", ["0", "-1"]),
+    ("--finite-check-every", ["0", "-1"]),
+    ("--log-interval", ["-1"]),
+    ("--data-workers", ["-1"]),
+    ("--seed", ["-1", str(2 ** 31), str(10 ** 30)]),
+]
+
+
+@pytest.mark.parametrize("flag,value", [(f, v) for f, values in EDGE_VALUES for v in values])
+def test_numeric_flags_refuse_values_that_cannot_train(flag, value):
+    with pytest.raises(ConfigError, match=f"^{flag} must be "):
+        parse_config(["--dataset", "digits", f"{flag}={value}"])
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--momentum", "0"), ("--momentum", "0.999"), ("--lr-decay-factor", "1"),
+    ("--wd", "0"), ("--warmup-epochs", "0"), ("--grad-bucket-mb", "0"),
+    ("--stall-timeout", "0"), ("--seed", "0"), ("--log-interval", "0"),
+    ("--data-workers", "0"), ("--lr", "1e-9")])
+def test_numeric_flags_accept_their_edges(flag, value):
+    parse_config(["--dataset", "digits", flag, value])
+
+
+@pytest.mark.parametrize("gpus", [["--gpus", "0"], ["--gpus-per-worker", "2"]])
+def test_no_cuda_with_gpus_is_refused(gpus):
+    """Both ask for opposite things: training silently on the CPU would waste a GPU job."""
+    with pytest.raises(ConfigError, match="--no-cuda trains on the CPU"):
+        parse_config(["--dataset", "digits", "--no-cuda"] + gpus)

@@ -88,6 +88,14 @@ def test_dockerfile_copies_sources_only_after_the_horovod_layer():
     assert sources and sources[0] > venv, "hvdtrain's sources must come after the venv"
 
 
+def test_docker_build_context_leaves_out_the_local_venv():
+    ignored = open(os.path.join(REPO, ".dockerignore")).read().split()
+    assert {".venv", ".git", "runs"} <= set(ignored)
+    copied = [src for stage in _two_stages() for args in stage.find("COPY")
+              for src in dockerfile.copy_sources(args)[0]]
+    assert not [src for src in copied if src.split("/")[0] in ignored], copied
+
+
 def test_dockerfile_ssh_settings_survive_a_mount_on_root_ssh():
     text = open(DOCKERFILE).read()
     assert "/root/.ssh/config" not in text
@@ -113,11 +121,11 @@ def test_hostfiles_parse():
 def test_horovodrun_reads_hostfile(name):
     """`horovodrun --hostfile` reads them with this parser, which takes every line as
     `HOST slots=N` (a comment or a blank line crashes it)."""
-    from horovod.runner.common.util.hosts import parse_host_files
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
     path = os.path.join(HOSTFILES, name)
-    hosts = parse_host_files(path)
+    hosts = parse_hosts(parse_host_files(path))
     ours = read_hostfile(path)
-    assert hosts == ",".join(f"{h.address}:{h.slots}" for h in ours)
+    assert [(h.hostname, h.slots) for h in hosts] == [(h.address, h.slots) for h in ours]
 
 
 @pytest.mark.parametrize("name", MPI_HOSTFILES)
@@ -186,3 +194,20 @@ def test_kubeflow_mpijob():
     cfg = parse_config(_hvdtrain_argv(command))
     assert cfg.dataset == "cifar10" and cfg.batch_size == 64
     assert "12345" in " ".join(command) and "12345" in " ".join(worker["command"])
+
+
+@pytest.mark.parametrize("text", ["d1 slots=4\nd2 slots=4\n", "# hosts\nd1 slots=4\n",
+                                  "d1 slots=4\n\nd2 slots=4\n", "d1 slots=4  # four GPUs\n",
+                                  "localhost slots=2"])
+def test_our_warning_agrees_with_horovodrun(text, tmp_path):
+    """check-cluster warns about exactly the hostfiles horovodrun's own reader rejects."""
+    from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
+    from hvdtrain.hostfile import horovodrun_unreadable
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    try:
+        parse_hosts(parse_host_files(str(path)))  # what horovodrun --hostfile does
+        horovod_reads = True
+    except Exception:  # pylint: disable=broad-except  (its IndexError/ValueError)
+        horovod_reads = False
+    assert horovod_reads == (horovodrun_unreadable(text) == [])

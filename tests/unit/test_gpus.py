@@ -3,11 +3,13 @@
 No GPU here: the capability reader (hvdtrain.gpus.read_gpus) and MXNet's GPU count are
 faked; only a GPU host shows that read_gpus reads the real capability through libcuda.
 """
+import os
 import subprocess
 
 import mxnet as mx
 import pytest
 
+from helpers import REPO
 from hvdtrain import cli, gpus
 from hvdtrain.config import ConfigError
 from hvdtrain.dist import select_devices
@@ -65,8 +67,9 @@ def test_hvdtrain_stops_with_one_line_and_exit_2_on_an_unsupported_gpu(monkeypat
 def test_asking_for_a_gpu_that_is_not_there_is_a_usage_error(monkeypatch, capsys):
     _fake_host(monkeypatch, A100)
     code = cli.main(["--dataset", "digits", "--kvstore", "none", "--gpus", "3"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == cli.EXIT_USAGE
-    assert "--gpus asks for GPU 3 but this process sees 1 GPU(s)" in capsys.readouterr().err
+    assert len(lines) == 1 and lines[0].startswith("hvdtrain: error: --gpus asks for GPU 3 ")
 
 
 def test_nvidia_smi_answer_is_parsed(monkeypatch):
@@ -84,3 +87,10 @@ def test_no_driver_means_no_gpus(monkeypatch):
     monkeypatch.setattr(gpus.ctypes, "CDLL", missing)
     monkeypatch.setattr(subprocess, "run", missing)
     assert gpus.read_gpus() == []
+
+
+def test_deployment_page_states_the_supported_range():
+    text = " ".join(open(os.path.join(REPO, "docs", "deployment.md")).read().split())
+    low, high = gpus.SUPPORTED_RANGE.split("-")
+    assert f"compute capability {low} to {high}" in text
+    assert f"runs on compute capability {gpus.SUPPORTED_RANGE} only" in text

@@ -132,3 +132,28 @@ def test_job_succeeds_when_workers_finish_and_stops_lingering_servers():
     start = time.monotonic()
     assert job.run() == 0
     assert time.monotonic() - start < 20
+
+
+def test_a_member_that_cannot_start_stops_those_already_started(tmp_path):
+    import io
+    out = io.BytesIO()
+    pidfile = tmp_path / "pid"
+    job = Job([Member("scheduler", _py(f"import os,time; open('{pidfile}','w').write(str("
+                                       f"os.getpid())); time.sleep(60)"), essential=False),
+               Member("worker 0", [str(tmp_path / "no-such-program"), "--epochs", "1"])],
+              out=out)
+    assert job.run() == 127
+    text = out.getvalue().decode()
+    assert text.count("\n") == 1 and "cannot start worker 0" in text, text
+    assert "No such file or directory" in text
+    assert job.members[0].process.poll() is not None  # killed and reaped
+
+
+def test_a_mistyped_worker_command_is_refused_before_anything_starts(capsys):
+    from hvdtrain.launch import main
+    assert main(["-n", "2", "-s", "1", "hvdtrian", "--kvstore", "dist_sync"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "
+                   "on PATH (a typo?)"]
+    assert main(["-n", "1", "--launcher", "mpi", "/no/such/hvdtrain"]) == 2
+    assert "'/no/such/hvdtrain' not found: it is not an executable file" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def test_several_devices_without_a_store_are_refused():
 def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
     from mxnet import autograd
     from hvdtrain.models import build_model
-    from hvdtrain.train import zero_gradients
+    from hvdtrain.batches import zero_gradients
 
     net = build_model("bn_cnn", classes=10)
     net.initialize()
@@ -69,3 +69,25 @@ def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
             np.testing.assert_array_equal(param.data().asnumpy(), stats[name], err_msg=name)
         else:
             assert not param.grad().asnumpy().any(), name
+
+
+def test_half_batches_are_cast_on_the_device_not_in_numpy(monkeypatch):
+    """--dtype float16: the batch is copied as the loader made it (float32) and cast by an
+    engine operation on the device; a numpy cast on the main thread costs about a GPU step."""
+    from hvdtrain import batches
+    made = []
+    real_array = mx.nd.array
+
+    def recording_array(source, *args, **kwargs):
+        made.append(kwargs.get("dtype"))
+        return real_array(source, *args, **kwargs)
+
+    monkeypatch.setattr(batches.mx.nd, "array", recording_array)
+    images = np.random.RandomState(0).rand(5, 3, 4, 4).astype(np.float32)
+    labels = np.arange(5, dtype=np.int32)
+    xs, ys, idle = batches.split_batch(images, labels, [mx.cpu(0), mx.cpu(1)], "float16")
+    assert made == [np.float32, np.int32]
+    assert [x.dtype for x in xs] == [np.float16, np.float16] and idle == []
+    np.testing.assert_array_equal(np.concatenate([x.asnumpy() for x in xs]),
+                                  images.astype(np.float16))
+    np.testing.assert_array_equal(np.concatenate([y.asnumpy() for y in ys]), labels)

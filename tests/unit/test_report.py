@@ -107,6 +107,35 @@ def test_plot_bad_input(tmp_path):
         assert proc.returncode == 2 and needle in proc.stdout
 
 
+GOOD_EPOCH = {"event": "epoch", "epoch": 0, "train_loss": 1.0, "test_acc": 0.5,
+              "samples_per_sec": 10.0}
+
+
+@pytest.mark.parametrize("content,extra,needle", [
+    ("[1,2,3]\n", [], "line 1 is a JSON list, not a record object"),
+    ('{"event":"epoch"}\n', [], "line 1: epoch record needs a number in 'epoch', got null"),
+    (json.dumps(dict(GOOD_EPOCH, epoch="one")) + "\n", [], "needs a number in 'epoch', got \"one\""),
+    (json.dumps(dict(GOOD_EPOCH, train_loss=[1])) + "\n", [], "in 'train_loss', got [1]"),
+    (json.dumps(dict(GOOD_EPOCH, samples_per_sec="fast")) + "\n", [], "in 'samples_per_sec'"),
+    (json.dumps(dict(GOOD_EPOCH, test_acc=True)) + "\n", [], "in 'test_acc', got true"),
+    ('"just a string"\n', [], "is a JSON str, not a record object"),
+    (json.dumps(GOOD_EPOCH) + "\n", ["-o", "/nonexistent/dir/c.png"],
+     "folder /nonexistent/dir does not exist"),
+    (json.dumps(GOOD_EPOCH) + "\n", ["-o", "x.xyz"], "cannot write .xyz; use one of"),
+    (json.dumps(GOOD_EPOCH) + "\n", ["--dpi", "0"], "--dpi must be in [1, 1000], got 0"),
+    (json.dumps(GOOD_EPOCH) + "\n", ["--dpi", "-5"], "--dpi must be in [1, 1000]"),
+])
+def test_plot_bad_input_is_one_line(tmp_path, content, extra, needle):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(content)
+    proc = run_command([tool("hvdtrain-plot"), str(metrics), *extra], timeout=120,
+                       cwd=str(tmp_path))
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-2000:]
+    assert lines[0].startswith("hvdtrain-plot: error: ") and needle in lines[0], lines
+    assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]
+
+
 def _tensorboard_scalars(folder):
     from tensorboardX.proto import event_pb2
     scalars = {}

@@ -2,8 +2,8 @@
 import logging
 import time
 
-from hvdtrain.watchdog import (STALL_CHECK_ENV, STALL_SHUTDOWN_ENV, Watchdog,
-                               horovod_stall_env)
+from hvdtrain.watchdog import (GLOO_TIMEOUT_ENV, STALL_CHECK_ENV, STALL_SHUTDOWN_ENV,
+                               Watchdog, horovod_stall_env)
 
 
 class FakeClock:
@@ -54,8 +54,36 @@ def test_beats_keep_it_quiet_and_zero_turns_it_off():
 
 
 def test_horovod_stall_variables_follow_the_timeout_unless_set():
-    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "600"}
-    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "30"}
-    assert horovod_stall_env(2.5, {}) == {STALL_CHECK_ENV: "1", STALL_SHUTDOWN_ENV: "3"}
-    assert horovod_stall_env(30, {STALL_CHECK_ENV: "5"}) == {STALL_SHUTDOWN_ENV: "30"}
+    assert horovod_stall_env(600, {}) == {STALL_CHECK_ENV: "60", STALL_SHUTDOWN_ENV: "900",
+                                          GLOO_TIMEOUT_ENV: "900"}
+    assert horovod_stall_env(30, {}) == {STALL_CHECK_ENV: "15", STALL_SHUTDOWN_ENV: "45",
+                                         GLOO_TIMEOUT_ENV: "45"}
+    assert horovod_stall_env(1, {}) == {STALL_CHECK_ENV: "1", STALL_SHUTDOWN_ENV: "2",
+                                        GLOO_TIMEOUT_ENV: "2"}
+    assert horovod_stall_env(30, {STALL_CHECK_ENV: "5", GLOO_TIMEOUT_ENV: "9"}) == \
+        {STALL_SHUTDOWN_ENV: "45"}
     assert horovod_stall_env(0, {}) == {}
+
+
+def test_every_training_step_and_evaluation_batch_beats_it(monkeypatch):
+    from hvdtrain import job
+    from hvdtrain.config import TrainConfig
+
+    beats = []
+
+    class Recording(Watchdog):
+        def beat(self, step):
+            beats.append(step)
+            super().beat(step)
+
+    monkeypatch.setattr(job, "Watchdog", Recording)
+    run = job.train(TrainConfig(dataset="digits", no_cuda=True, kvstore="none", epochs=2,
+                                batch_size=256, log_interval=0, progress=False,
+                                stall_timeout=300))
+    # digits: 1437 training samples (6 batches of 256), 360 test samples (2 batches).
+    assert run.result["steps"] == 12
+    training = [b for b in beats if b.startswith("training step")]
+    evaluation = [b for b in beats if b.startswith("evaluation batch")]
+    assert training[-1] == "training step 12 (epoch 2)" and len(training) == 12
+    assert evaluation == ["evaluation batch 1 (epoch 1)", "evaluation batch 2 (epoch 1)",
+                          "evaluation batch 1 (epoch 2)", "evaluation batch 2 (epoch 2)"]

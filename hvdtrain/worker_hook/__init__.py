@@ -1,0 +1,1 @@
+"""The folder hvdtrain-launch puts first on its workers' PYTHONPATH (see sitecustomize)."""

@@ -1,0 +1,35 @@
+"""A parameter-server worker program using MXNet alone (not hvdtrain), for hvdtrain-launch.
+
+Worker 1 fails at its 5th step as PS_PROGRAM_FAIL says: ``raise`` (an uncaught exception)
+or ``exit`` (``sys.exit(3)``); unset, both workers finish. The other worker meanwhile
+waits in a pushpull for worker 1's push, as a real training step would.
+"""
+import os
+import sys
+import time
+
+import mxnet as mx
+
+STEPS = 40
+
+
+def main():
+    store = mx.kv.create("dist_sync")
+    store.init(0, mx.nd.zeros(4))
+    fail = os.environ.get("PS_PROGRAM_FAIL")
+    for step in range(STEPS):
+        if store.rank == 1 and step == 5:
+            if fail == "raise":
+                raise RuntimeError("injected failure in worker 1")
+            if fail == "exit":
+                print("worker 1 exits with status 3", flush=True)
+                sys.exit(3)
+        out = mx.nd.zeros(4)
+        store.pushpull(0, mx.nd.ones(4), out=out)
+        out.wait_to_read()
+        time.sleep(0.05)
+    print(f"worker {store.rank} done: {out.asnumpy().tolist()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
