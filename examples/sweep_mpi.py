@@ -1,12 +1,12 @@
 """Several trainings side by side in one MPI job, each on its own sub-communicator.
 
-    mpirun -np 4 python examples/sweep_mpi.py --lr 0.05 --lr 0.2 --output-dir runs/sweep \\
+    mpirun -np 4 python examples/sweep_mpi.py --lr 0.05 --lr 0.2 --runs-dir runs/sweep \\
         --dataset digits --no-cuda --epochs 5
 
 The processes of MPI_COMM_WORLD are split into as many equal groups as there are ``--lr``
-values. Group g trains with the g-th rate on its own communicator (``hvdtrain.train(cfg,
-comm=group)`` initialises Horovod on it, so ranks, collectives and the global batch are the
-group's) and writes OUTPUT_DIR/lr<rate>/. Every other flag goes to each training as to
+values. Group g trains with the g-th rate on its own communicator (``train(cfg, comm=group)``
+initialises Horovod on it, so ranks, collectives and the global batch are the group's), with
+RUNS_DIR/lr<rate>/ as its --output-dir. Every other flag goes to each training as to
 ``hvdtrain``. At the end each group checks that its replicas hold identical parameters and
 its rank 0 prints one line. Exit status: 0, 1 if a group's replicas disagree, 2 for bad usage.
 """
@@ -26,8 +26,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lr", type=float, action="append", required=True,
                         help="learning rate of one training; repeat for each")
-    parser.add_argument("--output-dir", required=True,
-                        help="parent folder: each training writes lr<rate>/ in it")
+    parser.add_argument("--runs-dir", required=True,
+                        help="each training's --output-dir is RUNS_DIR/lr<rate>")
     return parser.parse_known_args(argv)
 
 
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     index = world.rank // per_group
     group = world.Split(color=index, key=world.rank)
     lr = args.lr[index]
-    output_dir = os.path.join(args.output_dir, f"lr{lr:g}")
+    output_dir = os.path.join(args.runs_dir, f"lr{lr:g}")
     try:
         run = train(parse_config(train_argv + ["--lr", str(lr), "--output-dir", output_dir]),
                     comm=group)

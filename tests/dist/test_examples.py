@@ -58,7 +58,7 @@ def test_sweep_mpi_trains_two_independent_runs_on_sub_communicators(tmp_path):
     proc = run_command(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                         "-np", "4", "-x", "PATH", sys.executable,
                         os.path.join(EXAMPLES, "sweep_mpi.py"), "--lr", "0.05", "--lr", "0.2",
-                        "--output-dir", str(out), "--dataset", "digits", "--no-cuda",
+                        "--runs-dir", str(out), "--dataset", "digits", "--no-cuda",
                         "--epochs", "2", "--log-interval", "0"], timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
     lines = sorted(l for l in proc.stdout.splitlines() if l.startswith("sweep: "))
