@@ -148,8 +148,7 @@ def run_check(args, environ=os.environ) -> int:
     failed = None
     if rank == 0:
         table, failed = format_report(ranks)
-        print(f"hvdtrain-check: {len(ranks)} ranks, facts gathered through {via}")
-        print(table, flush=True)
+        _say(f"hvdtrain-check: {len(ranks)} ranks, facts gathered through {via}\n{table}")
     if world is None:
         failed = format_report(ranks)[1]  # every rank holds every rank's facts
     else:
@@ -157,14 +156,20 @@ def run_check(args, environ=os.environ) -> int:
         # A rank whose Horovod does not load would leave the others waiting in hvd.init().
         if not all(world.allgather(facts["build"] != "-")):
             if rank == 0:
-                print("allreduce skipped: Horovod does not load on every rank", flush=True)
+                _say("allreduce skipped: Horovod does not load on every rank")
             return EXIT_FAILED
         dist = DistContext.from_store(create_store("horovod", comm=world))
     device = _device(facts)
     measured = measure_allreduce(dist, device, args.size_mb, args.rounds)
     if rank == 0:
-        print(format_bandwidth(measured, dist.num_workers, device, args.rounds), flush=True)
+        _say(format_bandwidth(measured, dist.num_workers, device, args.rounds))
     return EXIT_FAILED if failed or measured["wrong_ranks"] else EXIT_OK
+
+
+def _say(text: str) -> None:
+    """Print `text` in one write, so a launcher forwards it in as few pieces as it can."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _device(facts: Dict):

@@ -14,7 +14,9 @@ from jobs import JOB_TIMEOUT, LAUNCHERS, launcher
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
 
 pytestmark = pytest.mark.dist
-PREFIX = re.compile(r"^\[[\d,]+\]<std(out|err)>:")  # horovodrun's and mpirun's line tags
+# horovodrun's and mpirun's output tags; Open MPI tags each chunk it forwards, so a tag can
+# also land inside a line that reached it in two pieces.
+PREFIX = re.compile(r"\[[\d,]+\]<std(out|err)>:")
 CHECK = ["--size-mb", "1", "--rounds", "2"]
 
 
