@@ -27,7 +27,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .rankfacts import _one_line, collect, format_report
+from .rankfacts import collect, format_report, one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Set by mpirun (Open MPI) or a PMI/PMIx launcher: mpi4py can join that MPI world.
@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hvdtrain-check", description=__doc__.split("\n\n")[0].strip("`"),
+    p = _Parser(prog="hvdtrain-check", description=__doc__.split("\n\n")[0].replace("``", ""),
                 epilog="Start it with the launcher, hosts and options of the job.")
     p.add_argument("--data-dir", help="check that this folder holds readable CIFAR-10 files "
                                       "on every rank")
@@ -141,7 +141,7 @@ def run_check(args, environ=os.environ) -> int:
             dist = DistContext.from_store(create_store("horovod"))
         except Exception as err:  # pylint: disable=broad-except
             print(f"hvdtrain-check: error: Horovod does not start on this rank: "
-                  f"{_one_line(err)}", file=sys.stderr)
+                  f"{one_line(err)}", file=sys.stderr)
             return EXIT_FAILED
         facts = collect(dist.rank, dist.local_rank, args.data_dir, args.no_cuda)
         ranks, rank, via = gather_through_store(dist, facts), dist.rank, "the Horovod store"

@@ -23,7 +23,7 @@ COLUMNS = ("rank", "host", "local", "hvdtrain", "mxnet", "horovod", "numpy", "bu
            "device", "data", "status")
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
@@ -64,7 +64,7 @@ def collect(rank: int, local_rank: int, data_dir: Optional[str] = None,
             facts[f"{name}_path"] = os.path.dirname(os.path.abspath(module.__file__))
         except Exception as err:  # pylint: disable=broad-except  (reported, not raised)
             facts[name] = "-"
-            problems.append(f"cannot import {name}: {_one_line(err)}")
+            problems.append(f"cannot import {name}: {one_line(err)}")
     facts["build"] = _horovod_build(problems)
     facts.update(_device(local_rank, no_cuda, problems))
     facts["data"] = "-"
@@ -80,7 +80,7 @@ def _horovod_build(problems: List[str]) -> str:
     try:
         import horovod.mxnet as hvd  # fails unless Horovod was built with MXNet support
     except Exception as err:  # pylint: disable=broad-except
-        problems.append(f"horovod.mxnet does not load: {_one_line(err)}")
+        problems.append(f"horovod.mxnet does not load: {one_line(err)}")
         return "-"
     parts = [name for name, built in (("MPI", hvd.mpi_built()), ("Gloo", hvd.gloo_built()),
                                       ("NCCL", hvd.nccl_built())) if built]
@@ -95,7 +95,7 @@ def _device(local_rank: int, no_cuda: bool, problems: List[str]) -> Dict:
         from .dist import select_devices
         visible = mx.context.num_gpus()
     except Exception as err:  # pylint: disable=broad-except
-        problems.append(f"cannot list devices: {_one_line(err)}")
+        problems.append(f"cannot list devices: {one_line(err)}")
         return {"GPUs": "-", "device": "-", "device_kind": "-"}
     try:
         # No GPU visible: select_devices' own CPU fallback, without its warning.

@@ -85,3 +85,34 @@ def test_single_process_without_launcher():
                           env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 of 1 ranks ready" in proc.stdout and "through the Horovod store" in proc.stdout
+
+
+class _FakeRank:
+    """Rank 0 of two, with a store that adds what the other rank (value 2) would send, or,
+    when `broken`, returns its input as if the other rank were not there."""
+
+    rank, num_workers = 0, 2
+
+    def __init__(self, broken):
+        self.broken = broken
+        self.store = self
+
+    def pushpull(self, key, value):
+        if not self.broken:
+            value += 2
+
+    def sum_across_workers(self, name, values):
+        return values
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_allreduce_sums_are_checked(broken):
+    import mxnet as mx
+
+    from hvdtrain.preflight import format_bandwidth, measure_allreduce
+
+    measured = measure_allreduce(_FakeRank(broken), mx.cpu(), size_mb=0.01, rounds=2)
+    assert measured["wrong_ranks"] == (1 if broken else 0)
+    assert measured["bytes"] == 10484 and measured["best_s"] <= measured["median_s"]
+    line = format_bandwidth(measured, 2, mx.cpu(), 2)
+    assert ("WRONG sums on 1 ranks" in line) == broken
