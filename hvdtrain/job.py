@@ -43,8 +43,11 @@ class Run:
     result: dict
 
 
-def build_dist(cfg: TrainConfig) -> DistContext:
-    """Create the store (``hvd.init()`` happens here for Horovod) and read the layout."""
+def build_dist(cfg: TrainConfig, comm=None) -> DistContext:
+    """Create the store (``hvd.init()`` happens here for Horovod) and read the layout.
+
+    `comm` (an mpi4py communicator) runs Horovod on it instead of all of MPI_COMM_WORLD.
+    """
     options = {}
     if cfg.horovod_timeline:
         folder = os.path.dirname(os.path.abspath(cfg.horovod_timeline))
@@ -55,6 +58,10 @@ def build_dist(cfg: TrainConfig) -> DistContext:
         # Buckets are flat buffers reduced in place: fusing two of them would copy both.
         options = {"compression": "fp16" if cfg.fp16_allreduce else "none",
                    "timeline": cfg.horovod_timeline, "fuse_calls": cfg.grad_bucket_mb == 0}
+    if comm is not None:
+        if cfg.kvstore != "horovod":
+            raise ConfigError(f"a communicator needs --kvstore horovod, not {cfg.kvstore}")
+        options["comm"] = comm
     return DistContext.from_store(create_store(cfg.kvstore, **options))
 
 
@@ -86,10 +93,12 @@ def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:
                           f"gradients; use --kvstore device (or local, or horovod)")
 
 
-def train(cfg: TrainConfig, devices=None) -> Run:
+def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it).
 
     `devices` overrides the devices chosen from the configuration (a list of contexts).
+    `comm`, an mpi4py communicator, is the group of processes this job runs on (default:
+    every process of the launch); see ``examples/sweep_mpi.py``.
     Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
     holding another run or in use) is refused before anything is written. From the first
     collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step
@@ -110,11 +119,12 @@ def train(cfg: TrainConfig, devices=None) -> Run:
         if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
             os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
         with watchdog:
-            return _train(cfg, devices, candidates, data, net, watchdog)
+            return _train(cfg, devices, candidates, data, net, watchdog, comm)
 
 
-def _train(cfg: TrainConfig, devices, candidates, data, net, watchdog: Watchdog) -> Run:
-    dist = build_dist(cfg)
+def _train(cfg: TrainConfig, devices, candidates, data, net, watchdog: Watchdog,
+           comm=None) -> Run:
+    dist = build_dist(cfg, comm)
     setup_logging(dist.rank)
     watchdog.set_rank(dist.rank)
     threads = share_cpu_threads(dist.local_size)

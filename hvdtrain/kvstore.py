@@ -60,9 +60,15 @@ class HorovodKVStore(KVStoreBase):
         False (``HOROVOD_DISABLE_GROUP_FUSION=1`` unless set) reduces each call alone and
         in place: the right choice when every call is already a whole flat bucket, which
         fusion would only copy into its buffer and back.
+    comm : mpi4py.MPI.Comm, optional
+        Run Horovod on this communicator instead of all of ``MPI_COMM_WORLD``
+        (``hvd.init(comm=comm)``, which duplicates it): an MPI application, or a sweep that
+        splits one allocation, trains on its own sub-communicator. Ranks, sizes and every
+        collective are then relative to `comm`. Needs mpi4py built against the MPI Horovod
+        uses, and a process can initialise Horovod only once.
     """
 
-    def __init__(self, compression="none", timeline=None, fuse_calls=True):
+    def __init__(self, compression="none", timeline=None, fuse_calls=True, comm=None):
         import horovod.mxnet as hvd  # imported here: importing horovod loads MPI
 
         if compression not in ("none", "fp16"):
@@ -73,7 +79,10 @@ class HorovodKVStore(KVStoreBase):
             os.environ["HOROVOD_TIMELINE"] = timeline
         if not fuse_calls:
             os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "1")
-        hvd.init()
+        if comm is None:
+            hvd.init()
+        else:
+            hvd.init(comm=comm)
         self._hvd = hvd
         # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
         # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
@@ -242,7 +251,8 @@ def create_store(name: Optional[str], **options):
         ``'dist_*'`` type for MXNet's own stores; ``'none'`` or None for no store
         (single device, single worker).
     **options
-        Passed to :class:`HorovodKVStore` (e.g. ``compression='fp16'``).
+        Passed to :class:`HorovodKVStore` (``compression='fp16'``, ``comm=`` an mpi4py
+        communicator); MXNet's stores take none.
 
     Returns
     -------
@@ -253,6 +263,9 @@ def create_store(name: Optional[str], **options):
     if name == "horovod":
         return HorovodKVStore(**options)
     if name in NATIVE_STORES:
+        if options:
+            raise ValueError(f"the {name} store takes no options, got "
+                             f"{', '.join(sorted(options))}")
         return mx.kv.create(name)
     raise ValueError(f"unknown kvstore {name!r}; expected horovod, none or one of "
                      f"{', '.join(NATIVE_STORES)}")

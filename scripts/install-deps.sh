@@ -115,6 +115,24 @@ if ! hvd_ok; then
   "$py" "$check_build" "${build_flags[@]}" || { log "MXNet or Horovod is not built as hvdtrain needs (above)"; exit 1; }
 fi
 
+# mpi4py (hvdtrain-check, HorovodKVStore(comm=...)) built from source with the system's mpicc,
+# so it talks to the same Open MPI as Horovod and mpirun, not to an MPI a binary wheel expects.
+# A wheel built here is tagged linux_*, PyPI's are manylinux_*. pip caches the wheel it builds:
+# later venvs on this machine install it in seconds.
+mpi4py_ok() {
+  "$py" - <<'PY' 2>/dev/null
+from importlib.metadata import distribution
+from mpi4py import MPI
+assert MPI.Get_library_version().startswith("Open MPI")
+assert "manylinux" not in distribution("mpi4py").read_text("WHEEL")
+PY
+}
+if ! mpi4py_ok; then
+  log "building mpi4py against $(command -v mpicc || echo 'no mpicc: install libopenmpi-dev')"
+  "${pip[@]}" install -c "$constraints" --force-reinstall --no-deps --no-binary mpi4py 'mpi4py>=3.1'
+  mpi4py_ok || { log "mpi4py installed but does not load the system Open MPI"; exit 1; }
+fi
+
 if [ "$deps_only" = 1 ]; then
   # hvdtrain's requirements, read from setup.cfg: install_requires and the extras.
   mapfile -t reqs < <("$py" - "$here/setup.cfg" "$extra" ${extras//,/ } <<'PY'

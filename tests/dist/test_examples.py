@@ -1,8 +1,10 @@
 """Every script in examples/ runs, on tiny data."""
+import json
 import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from helpers import REPO, run_command
@@ -47,3 +49,32 @@ def test_cifar10_example_names_missing_data_in_one_line(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout
     assert "CIFAR-10 binary files missing" in lines[0]
+
+
+def test_sweep_mpi_trains_two_independent_runs_on_sub_communicators(tmp_path):
+    import mxnet as mx
+
+    out = tmp_path / "sweep"
+    proc = run_command(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                        "-np", "4", "-x", "PATH", sys.executable,
+                        os.path.join(EXAMPLES, "sweep_mpi.py"), "--lr", "0.05", "--lr", "0.2",
+                        "--runs-dir", str(out), "--dataset", "digits", "--no-cuda",
+                        "--epochs", "2", "--log-interval", "0"], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = sorted(l for l in proc.stdout.splitlines() if l.startswith("sweep: "))
+    assert len(lines) == 2, proc.stdout[-3000:]
+    assert lines[0].startswith("sweep: lr 0.05 on world ranks 0,1 (2 workers)")
+    assert lines[1].startswith("sweep: lr 0.2 on world ranks 2,3 (2 workers)")
+    assert all("replicas agree" in l for l in lines), lines
+    finals = {}
+    for lr in ("0.05", "0.2"):
+        records = [json.loads(l) for l in (out / f"lr{lr}" / "metrics.jsonl").read_text()
+                   .splitlines()]
+        epochs = [r for r in records if r["event"] == "epoch"]
+        assert len(epochs) == 2 and {r["num_workers"] for r in epochs} == {2}
+        assert {r["lr"] for r in epochs} == {float(lr)}
+        finals[lr] = mx.nd.load(str(out / f"lr{lr}" / "model.params"))
+    # Two runs, not one: the same seed and data but another rate give other parameters.
+    a, b = finals["0.05"], finals["0.2"]
+    assert sorted(a) == sorted(b)
+    assert any(not np.array_equal(a[k].asnumpy(), b[k].asnumpy()) for k in a)

@@ -20,6 +20,7 @@ from helpers import BIN, REPO, run_command
 from hvdtrain.cli import parse_config
 from hvdtrain.data import write_cifar_files
 from hvdtrain.launch import parse_args as parse_launch_args
+from hvdtrain.preflight import build_parser as preflight_parser
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
 from readme_commands import covered_commands, documents, python_blocks
@@ -70,6 +71,8 @@ def check_program(argv):
     """Parse a program a launcher starts: hvdtrain's flags, or an example script that exists."""
     if os.path.basename(argv[0]) == "hvdtrain":
         parse_config(argv[1:])
+    elif os.path.basename(argv[0]) == "hvdtrain-check":
+        preflight_parser().parse_args(argv[1:])
     elif os.path.basename(argv[0]).startswith("python"):
         assert os.path.exists(os.path.join(REPO, argv[1])), argv
     elif argv[0] == "/usr/sbin/sshd":

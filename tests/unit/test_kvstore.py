@@ -93,6 +93,31 @@ def test_create_store_variants():
     assert isinstance(create_store("horovod"), HorovodKVStore)
     with pytest.raises(ValueError, match="unknown kvstore"):
         create_store("zmq")
+    with pytest.raises(ValueError, match="local store takes no options, got comm"):
+        create_store("local", comm=object())
+
+
+def test_a_communicator_needs_the_horovod_store():
+    from hvdtrain.config import ConfigError, TrainConfig
+    from hvdtrain.job import build_dist
+
+    with pytest.raises(ConfigError, match="communicator needs --kvstore horovod"):
+        build_dist(TrainConfig(dataset="digits", kvstore="local"), comm=object())
+
+
+def test_horovod_runs_on_the_communicator_it_is_given():
+    # In fresh processes: Horovod initialises once per process. mpi4py and Horovod must load
+    # the same MPI for this to work (scripts/install-deps.sh builds mpi4py with mpicc).
+    code = ("from mpi4py import MPI; from hvdtrain import create_store; "
+            "s = create_store('horovod', comm=MPI.COMM_SELF); print(s.rank, s.num_workers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0", "1"]
+    bad = subprocess.run([sys.executable, "-c", "from hvdtrain import create_store; "
+                          "create_store('horovod', comm='world')"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "comm" in bad.stderr
 
 
 def test_fp16_wire_copies_reuse_one_buffer_per_key():
