@@ -41,5 +41,5 @@ def test_single_worker_without_launcher(tmp_path):
     proc = run_command([tool("hvdtrain"), "--dataset", "digits", "--no-cuda", "--max-steps", "3",
                         "--output-dir", str(tmp_path)], timeout=120)
     assert proc.returncode == 0, proc.stdout
-    assert "1 workers x 1 devices x batch 64" in proc.stdout
+    assert "1 worker(s) x 1 device(s) x batch 64" in proc.stdout
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "model.params").exists()
