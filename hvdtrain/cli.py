@@ -128,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--fp16-allreduce", action="store_true",
                       help="send gradients as float16 (horovod store)")
     dist.add_argument("--grad-bucket-mb", type=float, default=d.grad_bucket_mb,
-                      help="reduce gradients in grouped allreduces of at most this many MiB, "
-                           "started as backward fills them; 0: one per parameter "
-                           "(horovod store) (default: %(default)s)")
+                      help="gradients live in flat buckets of at most this many MiB, each "
+                           "reduced by one in-place allreduce as soon as backward fills it; "
+                           "0: one allreduce per parameter (horovod store) (default: "
+                           "%(default)s)")
     model.add_argument("--dtype", default="float32", choices=cfgmod.DTYPES,
                        help="float16 trains a float16 model with float32 master weights "
                             "(GPU only) (default: %(default)s)")
