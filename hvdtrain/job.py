@@ -112,17 +112,18 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         if candidates:
             check_compatible(candidates[0], read_meta(candidates[0]), cfg)
         data = load_dataset(cfg.dataset, cfg.data_dir)
-        precision.init_amp(cfg)
+        policy = precision.Precision.of(cfg)
+        policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
         if not cfg.resume:
             refuse_fresh_run(cfg.output_dir)
         if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
             os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
         with watchdog:
-            return _train(cfg, devices, candidates, data, net, watchdog, comm)
+            return _train(cfg, devices, candidates, data, net, policy, watchdog, comm)
 
 
-def _train(cfg: TrainConfig, devices, candidates, data, net, watchdog: Watchdog,
+def _train(cfg: TrainConfig, devices, candidates, data, net, policy, watchdog: Watchdog,
            comm=None) -> Run:
     dist = build_dist(cfg, comm)
     setup_logging(dist.rank)
@@ -135,30 +136,30 @@ def _train(cfg: TrainConfig, devices, candidates, data, net, watchdog: Watchdog,
         check_writable_dir(cfg.tensorboard, "--tensorboard")
     lock = claim(cfg.output_dir, dist)  # checks --output-dir is writable first
     try:
-        return _run(cfg, data, net, dist, devices, candidates, watchdog)
+        return _run(cfg, data, net, policy, dist, devices, candidates, watchdog)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _run(cfg: TrainConfig, data, net, dist: DistContext, devices, candidates,
+def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candidates,
          watchdog: Watchdog) -> Run:
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
                                         cfg.gpus_per_worker)
-    precision.check_devices(cfg, devices)
+    policy.check_devices(devices)
     check_store_for_devices(cfg.kvstore, dist, devices)
     worker_batch = cfg.batch_size * len(devices)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
-    precision.cast(net, cfg)
-    trainer = build_trainer(net, cfg, dist)
-    precision.attach_amp(trainer, cfg)
+    policy.prepare_model(net)
+    trainer = build_trainer(net, cfg, dist, policy)
+    policy.prepare_trainer(trainer)
     state = resume_state(candidates, net, trainer, devices, dist, cfg, worker_batch,
                          len(data.train_y)) if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
     watchdog.beat("start-up (parameters broadcast)")
     result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
-                 state, watchdog)
+                 state, watchdog, policy)
     if cfg.output_dir and dist.is_root:
         logger.info("parameters saved to %s",
                     save_params(net, os.path.join(cfg.output_dir, "model.params")))

@@ -75,14 +75,17 @@ class EpochStats:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
-def build_trainer(net, cfg: TrainConfig, dist: DistContext) -> gluon.Trainer:
+def build_trainer(net, cfg: TrainConfig, dist: DistContext,
+                  policy: Optional[precision.Precision] = None) -> gluon.Trainer:
     """A Gluon Trainer over `dist.store`, exchanging gradients in buckets of
     ``cfg.grad_bucket_mb``. The store only reduces gradients
     (``update_on_kvstore=False``): every worker applies the same update itself, and the
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
-    run the optimizer and apply each worker's gradient as it arrives."""
+    run the optimizer and apply each worker's gradient as it arrives. `policy` (default:
+    the configuration's) adds what float16 weights need."""
+    policy = policy or precision.Precision.of(cfg)
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
-              "wd": cfg.wd, **precision.optimizer_options(cfg)}
+              "wd": cfg.wd, **policy.optimizer_options()}
     if cfg.optimizer in ("sgd", "nag"):
         params["momentum"] = cfg.momentum
     # dist_async can only update on the servers (MXNet refuses anything else).
@@ -158,8 +161,7 @@ class Loop:
     max_steps: Optional[int] = None
     log_interval: int = 0
     progress: bool = False
-    amp: bool = False
-    dtype: str = "float32"
+    policy: precision.Precision = precision.Precision()
     watchdog: Optional[Watchdog] = None
 
 
@@ -211,11 +213,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # many workers earlier epochs ran with (a resumed run may have a different count).
         loop.trainer.set_learning_rate(
             loop.lr_for_step(state.epoch * per_epoch + done + batch - 1))
-        xs, ys, idle = split_batch(images, labels, loop.devices, loop.dtype)
+        xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
             losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
-        precision.backward(losses, loop.trainer, loop.amp)
+        loop.policy.backward(losses, loop.trainer)
         for idle_device in idle:  # an epoch's last batch had fewer samples than devices
             zero_gradients(loop.net, xs[0][:1], idle_device)
         if dist.synchronous:
@@ -275,10 +277,11 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, res
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
         outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
-        watchdog: Optional[Watchdog] = None) -> dict:
+        watchdog: Optional[Watchdog] = None,
+        policy: Optional[precision.Precision] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step beats
-    `watchdog`."""
+    `watchdog`; `policy` (default: the configuration's) says how the steps compute."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -294,8 +297,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
-                cfg.max_steps, cfg.log_interval, show_progress, cfg.amp,
-                precision.input_dtype(cfg), watchdog)
+                cfg.max_steps, cfg.log_interval, show_progress,
+                policy or precision.Precision.of(cfg), watchdog)
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -317,7 +320,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
         average_running_stats(net, dist)
-        result = evaluate(net, test_loader, devices, dist, loop.dtype,
+        result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         if not stats.complete:

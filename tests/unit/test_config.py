@@ -52,11 +52,31 @@ def test_replace_validates():
 def test_half_precision_refused_on_cpu_devices():
     import mxnet as mx
 
-    from hvdtrain.precision import check_devices
-    check_devices(TrainConfig(dataset="digits"), [mx.cpu()])
+    from hvdtrain.precision import Precision
+    Precision.of(TrainConfig(dataset="digits")).check_devices([mx.cpu()])
     with pytest.raises(ConfigError, match="need a GPU"):
-        check_devices(TrainConfig(dataset="digits", amp=True), [mx.cpu()])
-    check_devices(TrainConfig(dataset="digits", amp=True), [mx.gpu(0)])
+        Precision.of(TrainConfig(dataset="digits", amp=True)).check_devices([mx.cpu()])
+    Precision.of(TrainConfig(dataset="digits", amp=True)).check_devices([mx.gpu(0)])
+
+
+def test_one_precision_policy_answers_every_builder():
+    """--dtype float16: float32 master weights in the optimizer, batches fed as float16;
+    float32: nothing added, the model left as built."""
+    import mxnet as mx
+    import numpy as np
+
+    from hvdtrain.precision import Precision
+    half = Precision.of(TrainConfig(dataset="digits", dtype="float16"))
+    assert half.half and half.optimizer_options() == {"multi_precision": True}
+    assert half.input_dtype == "float16"
+    full = Precision.of(TrainConfig(dataset="digits"))
+    assert not full.half and full.optimizer_options() == {} and full.input_dtype == "float32"
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    full.prepare_model(net)
+    assert net.weight.data().dtype == np.float32
+    half.prepare_model(net)
+    assert net.weight.data().dtype == np.float16
 
 
 @pytest.mark.parametrize("flags,expected", [([], None), (["--progress"], True),
