@@ -189,6 +189,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
     if cfg.gpus and cfg.gpus_per_worker:
         raise ConfigError("give either --gpus or --gpus-per-worker, not both")
+    if cfg.data_dir and cfg.dataset != "cifar10":
+        raise ConfigError(f"--data-dir is read by --dataset cifar10 only; --dataset "
+                          f"{cfg.dataset} would ignore it: drop one of them")
     if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
         raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
                           "--no-cuda")

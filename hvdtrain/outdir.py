@@ -33,6 +33,10 @@ def refuse_fresh_run(output_dir: Optional[str]) -> None:
         return
     found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS))
              if not missing_files(p)]
+    holder = OutputLock(output_dir).held_by_another()
+    if found and holder:  # "continue it with --resume auto" would be refused too
+        raise ConfigError(f"--output-dir {output_dir} is in use by another run ({holder}): "
+                          f"wait for it to end, or give another --output-dir")
     if found:
         raise ConfigError(
             f"--output-dir {output_dir} already holds checkpoints of an earlier run (newest: "
@@ -63,11 +67,26 @@ class OutputLock:
         self._file = handle
         return True
 
+    def held_by_another(self) -> Optional[str]:
+        """Who holds the lock now, if another process does; the file is left as it is."""
+        try:
+            probe = open(self.path, encoding="utf-8")  # pylint: disable=consider-using-with
+        except OSError:
+            return None
+        with probe:
+            try:
+                fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self.holder()
+            fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
+        return None
+
     def holder(self) -> str:
         """Who holds the lock, as its holder wrote it."""
         try:
             with open(self.path, encoding="utf-8") as src:
-                return src.read().strip() or "another process"
+                lines = [line.strip() for line in src if line.strip()]
+            return lines[-1] if lines else "another process"  # "pid N on HOST"
         except OSError:
             return "another process"
 

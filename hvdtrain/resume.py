@@ -48,6 +48,11 @@ def check_compatible(path: str, meta: Dict, cfg: TrainConfig, warn: bool = True)
                               f"change within a run; resume with the checkpoint's values, or "
                               f"start a new run in another --output-dir")
     epoch, partial = int(meta["epoch"]), bool(meta.get("epoch_samples"))
+    if partial and saved.get("sampling", here["sampling"]) != here["sampling"]:
+        # Which samples the stopped epoch already trained on depends on the split.
+        raise CheckpointError(f"checkpoint {path} stopped inside an epoch with --sampling "
+                              f"{saved['sampling']}: finish that epoch with the same "
+                              f"--sampling (change it at an epoch boundary)")
     if epoch > cfg.epochs or (epoch == cfg.epochs and partial):
         raise CheckpointError(f"checkpoint {path} is past --epochs {cfg.epochs} (it has "
                               f"{epoch} epochs{' and part of the next' if partial else ''} "
@@ -61,7 +66,10 @@ def changed_settings(meta: Dict, cfg: TrainConfig, num_workers: int) -> List[str
     """The settings this run changes from the checkpoint's, as ``--flag old -> new``."""
     saved = meta.get("config", {})
     fixed = {key for _, key in FIXED}
-    out = [f"--{key.replace('_', '-')} {saved[key]} -> {value}"
+    def shown(value):
+        return "unset" if value is None else value
+
+    out = [f"--{key.replace('_', '-')} {shown(saved[key])} -> {shown(value)}"
            for key, value in cfg.to_dict().items()
            if key in saved and key not in fixed and key not in UNREPORTED and
            saved[key] != value]

@@ -87,7 +87,7 @@ class Watchdog:
         """This process as the error lines name it."""
         if self.rank is not None:
             return f"rank {self.rank}"
-        return f"process {os.getpid()} (rank not known yet)"
+        return f"process {os.getpid()} (before its rank is known)"
 
     def beat(self, step: str) -> None:
         """Record that `step` (e.g. ``"training step 40"``) just completed."""
@@ -119,8 +119,11 @@ class Watchdog:
         idle = self._clock() - self._last_beat
         if idle < self.timeout:
             return False
-        logger.error("%s made no progress for %.0f s (--stall-timeout %g; last completed: "
-                     "%s): a rank is frozen or hung; exiting so the launcher stops the job",
+        # A frozen rank cannot say so itself: the ranks that report are usually the ones
+        # left waiting for it in a collective, so the line says "waited", not "is frozen".
+        logger.error("%s waited %.0f s with no step completed (--stall-timeout %g; last "
+                     "completed: %s): this rank, or one it waits for, is frozen or hung; "
+                     "exiting so the launcher stops the job",
                      self.who(), idle, self.timeout, self._last_step)
         for handler in logger.handlers:
             handler.flush()

@@ -130,8 +130,9 @@ def plain_loop(args, data):
 
 def hvdtrain_loop(args, data):
     """hvdtrain's own loop (train_epoch) on its store, loader and hybridized model."""
+    # As the hvdtrain command creates it: buckets are never fused with each other.
     store = hvdtrain.create_store("horovod", compression="fp16" if args.fp16_allreduce
-                                  else "none")
+                                  else "none", fuse_calls=args.grad_bucket_mb == 0)
     dist = DistContext.from_store(store)
     check_enough(data, args, dist.num_workers)
     share_cpu_threads(dist.local_size)

@@ -157,3 +157,9 @@ def test_no_cuda_with_gpus_is_refused(gpus):
     """Both ask for opposite things: training silently on the CPU would waste a GPU job."""
     with pytest.raises(ConfigError, match="--no-cuda trains on the CPU"):
         parse_config(["--dataset", "digits", "--no-cuda"] + gpus)
+
+
+def test_data_dir_without_cifar10_is_refused():
+    """A folder the run would silently ignore is most likely a mistyped --dataset."""
+    with pytest.raises(ConfigError, match="--data-dir is read by --dataset cifar10 only"):
+        parse_config(["--dataset", "digits", "--data-dir", "/data/cifar"])

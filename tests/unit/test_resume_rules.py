@@ -235,3 +235,32 @@ def test_contiguous_mid_epoch_resume_on_another_worker_count_is_refused(tmp_path
     proc = hvdtrain("--epochs", "2", "--sampling", "contiguous", "--output-dir", str(out),
                     "--resume", "auto")
     assert_refused(proc, "stopped inside an epoch with --sampling contiguous on 2 workers")
+
+
+def test_sampling_cannot_change_inside_a_stopped_epoch(tmp_path):
+    """The samples a stopped epoch already trained on depend on how it was split: another
+    --sampling would repeat some and skip others (the run would say nothing)."""
+    out = tmp_path / "run"
+    proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
+                    "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    before = digest(out)
+    proc = hvdtrain("--epochs", "2", "--sampling", "strided", "--output-dir", str(out),
+                    "--resume", "auto")
+    assert_refused(proc, "stopped inside an epoch with --sampling contiguous",
+                   "change it at an epoch boundary")
+    assert digest(out) == before
+
+
+def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy):
+    """Not "continue it with --resume auto": that would be refused as well."""
+    with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.seek(0)
+        held.truncate()
+        held.write("pid 4242 on elsewhere\n")
+        held.flush()
+        before = digest(run_copy)
+        proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
+        assert digest(run_copy) == before
+    assert_refused(proc, "is in use by another run (pid 4242 on elsewhere)")

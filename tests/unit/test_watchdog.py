@@ -28,7 +28,7 @@ def test_fires_after_timeout_naming_rank_and_last_step(caplog):
         assert dog.check()
     assert exits == [1]
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert "rank 1 made no progress for 30 s" in record.getMessage()
+    assert "rank 1 waited 30 s with no step completed" in record.getMessage()
     assert "last completed: training step 8 (epoch 1)" in record.getMessage()
 
 
