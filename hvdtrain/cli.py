@@ -16,6 +16,7 @@ from typing import List, Optional
 
 from . import config as cfgmod
 from .config import ConfigError, TrainConfig
+from .log import error_line
 from .guard import NonFiniteLoss
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
 from .writes import OutputError
@@ -188,16 +189,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = parse_config(argv)
         train(cfg)
     except ConfigError as err:
-        print(f"hvdtrain: error: {err}", file=sys.stderr)
+        error_line(f"hvdtrain: error: {err}")
         return EXIT_USAGE
     except OutputError as err:
-        print(f"hvdtrain: error: {err}", file=sys.stderr)
+        error_line(f"hvdtrain: error: {err}")
         return EXIT_FAILED
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
-        print("hvdtrain: interrupted", file=sys.stderr)
+        error_line("hvdtrain: interrupted")
         return 130
     except Exception:  # pylint: disable=broad-except
         logger.exception("training failed")

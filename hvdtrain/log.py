@@ -16,6 +16,34 @@ from .writes import write_failure
 LOGGER_NAME = "hvdtrain"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever ``sys.stderr`` is when a record comes.
+
+    ``StreamHandler(sys.stderr)`` keeps the stream it was given; a tool that replaces
+    ``sys.stderr`` later (pytest's capture, a notebook) would leave it writing, or
+    flushing from the watchdog's thread, into a closed file."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+def error_line(text: str) -> None:
+    """Write one line to stderr in a single write.
+
+    ``print`` writes the text and its newline separately; mpirun tags each piece it
+    reads, so the line would run into the next rank's tag."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def setup_logging(rank: int, stream=None) -> logging.Logger:
     """Configure the ``hvdtrain`` logger for a process of rank `rank`.
 
@@ -24,7 +52,7 @@ def setup_logging(rank: int, stream=None) -> logging.Logger:
     logger = logging.getLogger(LOGGER_NAME)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)

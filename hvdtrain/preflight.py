@@ -27,6 +27,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from .log import error_line
 from .rankfacts import collect, format_report, one_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -140,8 +141,8 @@ def run_check(args, environ=os.environ) -> int:
         try:
             dist = DistContext.from_store(create_store("horovod"))
         except Exception as err:  # pylint: disable=broad-except
-            print(f"hvdtrain-check: error: Horovod does not start on this rank: "
-                  f"{one_line(err)}", file=sys.stderr)
+            error_line(f"hvdtrain-check: error: Horovod does not start on this rank: "
+                       f"{one_line(err)}")
             return EXIT_FAILED
         facts = collect(dist.rank, dist.local_rank, args.data_dir, args.no_cuda)
         ranks, rank, via = gather_through_store(dist, facts), dist.rank, "the Horovod store"
@@ -181,7 +182,7 @@ def _device(facts: Dict):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.size_mb <= 0 or args.rounds < 1:
-        print("hvdtrain-check: error: --size-mb and --rounds must be positive", file=sys.stderr)
+        error_line("hvdtrain-check: error: --size-mb and --rounds must be positive")
         return EXIT_USAGE
     return run_check(args)
 

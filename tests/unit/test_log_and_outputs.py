@@ -41,3 +41,40 @@ def test_atomic_write_keeps_old_file_when_writer_fails(tmp_path):
         pass
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model.params"]
+
+
+def test_an_error_line_is_one_write(monkeypatch):
+    """mpirun tags each piece it reads from a rank: print()'s separate newline made the line
+    run into the next rank's tag ("...no space left on device[1,1]<stderr>:")."""
+    import io
+    import sys
+
+    from hvdtrain.log import error_line
+
+    class Recording(io.StringIO):
+        writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stderr", Recording())
+    error_line("hvdtrain: error: cannot write x: no space left on device")
+    assert Recording.writes == ["hvdtrain: error: cannot write x: no space left on device\n"]
+
+
+def test_log_lines_go_to_the_current_stderr(monkeypatch):
+    """The handler follows sys.stderr when it is replaced after set-up (a closed, replaced
+    stream made the watchdog's thread fail to log and to exit)."""
+    import io
+    import sys
+
+    from hvdtrain.log import setup_logging
+
+    logger = setup_logging(rank=0)
+    replaced = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", replaced)
+    logger.warning("to the new stream")
+    for handler in logger.handlers:
+        handler.flush()
+    assert "to the new stream" in replaced.getvalue()
