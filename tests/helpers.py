@@ -1,4 +1,5 @@
 """Helpers shared by unit and multi-process tests."""
+import hashlib
 import os
 import signal
 import subprocess
@@ -32,3 +33,15 @@ def run_command(cmd, timeout, env=None, cwd=None):
         out, _ = proc.communicate()
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def folder_digest(folder):
+    """One hash over every file's path and bytes below `folder`: equal before and after
+    means a refused command left the folder exactly as it was."""
+    out = hashlib.sha256()
+    for root, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            with open(path, "rb") as src:
+                out.update(path.encode() + src.read())
+    return out.hexdigest()

@@ -1,5 +1,4 @@
 """Resume, failing fast when a rank dies, and the finite-loss guard, with real launchers."""
-import hashlib
 import json
 import os
 import signal
@@ -11,7 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
-from helpers import run_command, tool
+from helpers import folder_digest, run_command, tool
 from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
                   role_pids, run_ranks, tagged_launch, tagged_pids)
 
@@ -172,21 +171,12 @@ def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     assert not (out_dir / "model.params").exists()
 
 
-def _digest(folder):
-    digest = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            digest.update(path.encode() + open(path, "rb").read())
-    return digest.hexdigest()
-
-
 def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
     run = tmp_path / "run"
     proc = run_command([tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "2",
                         "--output-dir", str(run)], timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout
-    before = _digest(run)
+    before = folder_digest(run)
     corrupt = tmp_path / "corrupt"
     (corrupt / "checkpoints").mkdir(parents=True)
     os.system(f"cp -r {run}/checkpoints/epoch-0002 {corrupt}/checkpoints/")
@@ -229,7 +219,7 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         lines = [l for l in proc.stdout.splitlines() if l.strip()]
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], \
             (flags, proc.stdout[-2000:])
-        assert _digest(run) == before, f"{flags} changed the output folder"
+        assert folder_digest(run) == before, f"{flags} changed the output folder"
 
 
 @pytest.mark.parametrize("name", ["single", "horovodrun"])

@@ -4,7 +4,6 @@ Every refusal is one line with exit status 2 and leaves the output folder byte-i
 One process, no store (``--kvstore none``): a digits epoch takes well under a second.
 """
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import run_command, tool
+from helpers import folder_digest, run_command, tool
 from hvdtrain.checkpoint import CheckpointError
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
@@ -24,15 +23,6 @@ QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--log-interva
 
 def hvdtrain(*flags):
     return run_command([tool("hvdtrain"), *QUICK, *flags], timeout=180)
-
-
-def digest(folder):
-    out = hashlib.sha256()
-    for root, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            out.update(path.encode() + open(path, "rb").read())
-    return out.hexdigest()
 
 
 def assert_refused(proc, *needles):
@@ -59,13 +49,13 @@ def run_copy(two_epochs, tmp_path):
 
 
 def test_resume_with_other_model_dataset_and_optimizer_is_refused(run_copy):
-    before = digest(run_copy)
+    before = folder_digest(run_copy)
     proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto",
                     "--dataset", "synthetic", "--model", "mlp", "--optimizer", "adam")
     assert_refused(proc, "--model mlp (checkpoint: simple_cnn)",
                    "--dataset synthetic (checkpoint: digits)",
                    "--optimizer adam (checkpoint: sgd)")
-    assert digest(run_copy) == before
+    assert folder_digest(run_copy) == before
 
 
 def test_resume_with_other_dtype_is_refused(two_epochs):
@@ -95,20 +85,20 @@ def test_changed_flags_take_effect_in_the_loaded_optimizer(run_copy, capsys):
 
 
 def test_fresh_run_into_a_folder_with_checkpoints_is_refused(run_copy):
-    before = digest(run_copy)
+    before = folder_digest(run_copy)
     proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
     assert_refused(proc, "already holds checkpoints", "epoch-0002", "--resume auto",
                    "another --output-dir")
-    assert digest(run_copy) == before
+    assert folder_digest(run_copy) == before
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused(run_copy):
-    before = digest(run_copy)
+    before = folder_digest(run_copy)
     with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
     assert_refused(proc, "is in use by another run")
-    assert digest(run_copy) == before
+    assert folder_digest(run_copy) == before
     # Released: the same command now runs.
     proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -130,11 +120,11 @@ def test_invalid_metadata_is_refused(run_copy, changes, needle):
     only = run_copy / "checkpoints" / "epoch-0002"
     shutil.rmtree(run_copy / "checkpoints" / "epoch-0001")
     _edit_meta(only, **changes)
-    before = digest(run_copy)
+    before = folder_digest(run_copy)
     for resume in ("auto", str(only)):
         proc = hvdtrain("--epochs", "6", "--output-dir", str(run_copy), "--resume", resume)
         assert_refused(proc, needle, *(["no usable checkpoint"] if resume == "auto" else []))
-        assert digest(run_copy) == before
+        assert folder_digest(run_copy) == before
 
 
 def test_checkpoint_past_epochs_is_refused(run_copy):
@@ -244,12 +234,12 @@ def test_sampling_cannot_change_inside_a_stopped_epoch(tmp_path):
     proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
                     "--output-dir", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:]
-    before = digest(out)
+    before = folder_digest(out)
     proc = hvdtrain("--epochs", "2", "--sampling", "strided", "--output-dir", str(out),
                     "--resume", "auto")
     assert_refused(proc, "stopped inside an epoch with --sampling contiguous",
                    "change it at an epoch boundary")
-    assert digest(out) == before
+    assert folder_digest(out) == before
 
 
 def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy):
@@ -260,7 +250,7 @@ def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy):
         held.truncate()
         held.write("pid 4242 on elsewhere\n")
         held.flush()
-        before = digest(run_copy)
+        before = folder_digest(run_copy)
         proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
-        assert digest(run_copy) == before
+        assert folder_digest(run_copy) == before
     assert_refused(proc, "is in use by another run (pid 4242 on elsewhere)")
