@@ -22,7 +22,7 @@ from .kvstore import create_store
 from .lifeline import LauncherWatch, launcher_chain
 from .log import MetricsWriter, setup_logging
 from .models import build_model
-from .outdir import claim, refuse_fresh_run
+from .outdir import claim, refuse_fresh_run, refuse_if_in_use
 from .report import TensorBoardWriter
 from .resume import check_compatible, resume_state
 from .resume_from import loadable, resolve_resume
@@ -108,6 +108,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     setup_logging(rank=0)
     watchdog = Watchdog(cfg.stall_timeout)
     with LauncherWatch(launcher_chain(), describe=watchdog.who):
+        refuse_if_in_use(cfg.output_dir)
         candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
         if candidates:
             check_compatible(candidates[0], read_meta(candidates[0]), cfg)

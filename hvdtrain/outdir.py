@@ -27,16 +27,22 @@ LOCK_FILE = ".hvdtrain.lock"
 logger = logging.getLogger("hvdtrain")
 
 
+def refuse_if_in_use(output_dir: Optional[str]) -> None:
+    """Refuse at once when another run holds `output_dir`, before its checkpoints are even
+    read: they may be half-pruned under that run, and any advice about them (resume, start
+    over) would be refused as well. :func:`claim` still takes the lock for real."""
+    holder = OutputLock(output_dir).held_by_another() if output_dir else None
+    if holder:
+        raise ConfigError(f"--output-dir {output_dir} is in use by another run ({holder}): "
+                          f"wait for it to end, or give another --output-dir")
+
+
 def refuse_fresh_run(output_dir: Optional[str]) -> None:
     """Refuse a run without ``--resume`` into a folder holding another run's checkpoints."""
     if not output_dir:
         return
     found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS))
              if not missing_files(p)]
-    holder = OutputLock(output_dir).held_by_another()
-    if found and holder:  # "continue it with --resume auto" would be refused too
-        raise ConfigError(f"--output-dir {output_dir} is in use by another run ({holder}): "
-                          f"wait for it to end, or give another --output-dir")
     if found:
         raise ConfigError(
             f"--output-dir {output_dir} already holds checkpoints of an earlier run (newest: "
