@@ -1,7 +1,8 @@
 """The private corners of MXNet 1.9's Gluon that hvdtrain relies on, in one place.
 
-Gluon has no public way to set up a Trainer's store before its first step, or to give a
-parameter a gradient array of the caller's choosing. Both are needed (the broadcast before
+Gluon has no public way to set up a Trainer's store before its first step
+(:func:`set_up_store`), or to give a parameter a gradient array of the caller's choosing
+(:func:`rehome_gradient`). Both are needed (the broadcast before
 the first forward pass, zero-copy gradient buckets), so the private calls live here,
 behind a version check: a different MXNet fails loudly at import instead of training
 subtly wrong.
@@ -35,3 +36,14 @@ def rehome_gradient(param, device: int, grad: mx.nd.NDArray) -> None:
     autograd.mark_variables(data, param.list_grad(), param.grad_req)
     for array, flag in zip(data, fresh):
         array._fresh_grad = flag  # pylint: disable=protected-access
+
+
+def set_up_store(trainer, batch_size: int) -> None:
+    """Run now what a Trainer's first ``step(batch_size)`` would run before its update:
+    gradient scaling, the store's set-up and the parameters' first broadcast.
+
+    The Trainer has no public hook for "set up the store now"."""
+    trainer._check_and_rescale_grad(trainer._scale / batch_size)  # pylint: disable=protected-access
+    if not trainer._kv_initialized:  # pylint: disable=protected-access
+        trainer._init_kvstore()  # pylint: disable=protected-access
+    trainer._init_params()  # pylint: disable=protected-access

@@ -24,6 +24,7 @@ from .dist import DistContext
 from .batches import split_batch, zero_gradients
 from .evaluate import evaluate, tally_batch
 from .exchange import BucketedTrainer
+from .gluon_internals import set_up_store
 from .guard import FiniteGuard
 from . import precision
 from .loader import BatchLoader
@@ -123,12 +124,7 @@ def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
     optimizer (``dist_async``) they receive its gradient scaling now, and MXNet refuses a
     later change.
     """
-    # Trainer has no public hook for "set up the store now"; these calls are exactly what
-    # its first step() would run.
-    trainer._check_and_rescale_grad(trainer._scale / batch_size)  # pylint: disable=protected-access
-    if not trainer._kv_initialized:  # pylint: disable=protected-access
-        trainer._init_kvstore()  # pylint: disable=protected-access
-    trainer._init_params()  # pylint: disable=protected-access
+    set_up_store(trainer, batch_size)
     mx.nd.waitall()
 
 
