@@ -3,7 +3,8 @@
 For each loop (plain, hvdtrain) and data (synthetic; CIFAR-format binary files generated here,
 with augmentation): one rank alone, two ranks under horovodrun, and two independent one-rank
 processes at the same time (the denominator of scaling efficiency). Then an instrumented
-two-rank run for the share of step time spent in the gradient exchange. Then rows for an
+two-rank run for the share of step time spent in the gradient exchange. The same for
+hvdtrain as it was before zero-copy buckets. Then rows for an
 option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
 two-rank run and its two independent processes. Last, an allreduce microbenchmark. Prints
 one table and writes it as JSON (--json, default bench.json).
@@ -65,6 +66,10 @@ ABLATIONS = {
     "hvdtrain, metrics read every step": ("synthetic", {}, ["--log-interval", "1"]),
     "hvdtrain, no prefetch": ("cifar", {}, ["--data-workers", "0"]),
     "hvdtrain, 2 OpenMP threads per rank": ("synthetic", {"OMP_NUM_THREADS": "2"}, []),
+}
+# hvdtrain as it was before zero-copy buckets, measured in full beside today's loop.
+BEFORE = {
+    "hvdtrain, buckets copied (before zero-copy)": ("synthetic", {}, ["--copied-buckets"]),
 }
 # An option users turn on, measured the same way.
 OPTIONS = {
@@ -144,6 +149,9 @@ def main():
         runs = Runs(tmp, env)
         rows = [measure(runs, impl, data, common, rounds=args.rounds)
                 for data in ("synthetic", "cifar") for impl in ("plain", "hvdtrain")]
+        rows += [measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
+                         rounds=args.rounds)
+                 for label, (data, env_extra, flags) in BEFORE.items()]
         rows += [measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
                          full=False)
                  for label, (data, env_extra, flags) in {**OPTIONS, **ABLATIONS}.items()]

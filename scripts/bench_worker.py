@@ -26,6 +26,7 @@ import hvdtrain
 from hvdtrain import TrainConfig
 from hvdtrain.data import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
 from hvdtrain.dist import DistContext, share_cpu_threads
+from hvdtrain.exchange import BucketedTrainer
 from hvdtrain.guard import FiniteGuard
 from hvdtrain.train import Loop, TrainState, train_epoch
 
@@ -51,6 +52,9 @@ def parse():
                    help="1: the host reads loss and accuracy after every step")
     p.add_argument("--data-workers", type=int, default=TrainConfig.data_workers,
                    help="0: batches prepared in the training thread, no prefetch")
+    p.add_argument("--copied-buckets", action="store_true",
+                   help="buckets as grouped allreduces of separate gradients, copied into "
+                        "Horovod's fusion buffer and back (hvdtrain before zero-copy buckets)")
     p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     return p.parse_args()
 
@@ -128,11 +132,29 @@ def plain_loop(args, data):
     return hvd.rank(), hvd.size(), timings
 
 
+class CopiedBuckets(BucketedTrainer):
+    """The bucketed exchange as it was before zero-copy buckets: the same plan, but each
+    bucket is one grouped allreduce of the parameters' own gradient arrays, which Horovod
+    copies into its fusion buffer and back out."""
+
+    def _flatten(self, bucket):
+        return []
+
+    def _allreduce_grads(self):
+        if not self.buckets:
+            super()._allreduce_grads()
+            return
+        for bucket in self.buckets:
+            self._kvstore.pushpull(bucket, [self._params[i].list_grad() for i in bucket],
+                                   priority=-min(bucket))
+
+
 def hvdtrain_loop(args, data):
     """hvdtrain's own loop (train_epoch) on its store, loader and hybridized model."""
     # As the hvdtrain command creates it: buckets are never fused with each other.
     store = hvdtrain.create_store("horovod", compression="fp16" if args.fp16_allreduce
-                                  else "none", fuse_calls=args.grad_bucket_mb == 0)
+                                  else "none",
+                                  fuse_calls=args.grad_bucket_mb == 0 or args.copied_buckets)
     dist = DistContext.from_store(store)
     check_enough(data, args, dist.num_workers)
     share_cpu_threads(dist.local_size)
@@ -143,6 +165,8 @@ def hvdtrain_loop(args, data):
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
     trainer = hvdtrain.build_trainer(net, cfg, dist)
+    if args.copied_buckets:
+        trainer.__class__ = CopiedBuckets  # before the store is set up, which plans buckets
     hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
     loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
