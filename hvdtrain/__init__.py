@@ -13,8 +13,9 @@ from .loader import BatchLoader
 from .log import MetricsWriter, setup_logging
 from .models import build_model, model_names
 from .sampler import SplitSampler
-from .train import (Outputs, TrainState, broadcast_parameters, build_loaders, build_trainer,
-                    fit, initialize)
+from .epoch import TrainState
+from .train import (Outputs, broadcast_parameters, build_loaders, build_trainer, fit,
+                    initialize)
 
 __version__ = "0.1.0"
 

@@ -26,7 +26,8 @@ from .outdir import claim, refuse_fresh_run, refuse_if_in_use
 from .report import TensorBoardWriter
 from .resume import check_compatible, resume_state
 from .resume_from import loadable, resolve_resume
-from .train import Outputs, TrainState, broadcast_parameters, build_trainer, fit, initialize
+from .epoch import TrainState
+from .train import Outputs, broadcast_parameters, build_trainer, fit, initialize
 from .watchdog import Watchdog, horovod_stall_env
 from .writes import check_writable_dir
 

@@ -17,6 +17,7 @@ import mxnet as mx
 from . import precision
 from .checkpoint import CheckpointError, read_meta
 from .config import TrainConfig
+from .epoch import TrainState
 from .resume_from import latest_checkpoint, loadable, resolve_resume, restore  # noqa: F401
 
 logger = logging.getLogger("hvdtrain")
@@ -94,14 +95,13 @@ def apply_settings(trainer, cfg: TrainConfig) -> None:
 def resume_state(candidates: List[str], net, trainer, devices, dist, cfg: TrainConfig,
                  worker_batch: int, train_length: int):
     """Load the first of `candidates` (best first) that loads, and return the
-    :class:`~hvdtrain.train.TrainState` training continues from.
+    :class:`~hvdtrain.epoch.TrainState` training continues from.
 
     Every rank loads the same files (the checkpoint must be visible to all of them). A
     damaged checkpoint is passed over with a warning when an older one remains; the ranks
     then check, with one collective, that they continue from the same position, since a
     rank that loaded another would meet the others at a different step and hang.
     """
-    from .train import TrainState  # pylint: disable=import-outside-toplevel
     path, meta = _restore_first(candidates, net, trainer, devices, cfg)
     position = [int(meta["epoch"]) + 1, int(meta["step"]), int(meta.get("epoch_samples", 0))] \
         if path else [0, 0, 0]

@@ -28,7 +28,7 @@ from hvdtrain.data import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
 from hvdtrain.dist import DistContext, share_cpu_threads
 from hvdtrain.exchange import BucketedTrainer
 from hvdtrain.guard import FiniteGuard
-from hvdtrain.train import Loop, TrainState, train_epoch
+from hvdtrain.epoch import Loop, TrainState, train_epoch
 
 
 def parse():

@@ -1,5 +1,6 @@
 """Helpers shared by unit and multi-process tests."""
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -45,3 +46,19 @@ def folder_digest(folder):
             with open(path, "rb") as src:
                 out.update(path.encode() + src.read())
     return out.hexdigest()
+
+
+def timeline_phases(path):
+    """Horovod's timeline at `path`, as {collective's name: the phases it went through}.
+
+    The file is a Chrome trace that Horovod may leave without its closing bracket."""
+    with open(path) as src:
+        text = src.read().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e.get("ph") == "M" and "name" in e.get("args", {})}
+    phases = {}
+    for event in events:
+        if event.get("ph") == "B":
+            phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
+    return phases

@@ -14,7 +14,7 @@ from hvdtrain import cli
 
 FAULT = os.environ["HVDTRAIN_FAULT"]
 RANK = os.environ["HVDTRAIN_FAULT_RANK"]
-_train_epoch = hvdtrain.train.train_epoch
+_train_epoch = hvdtrain.train.train_epoch  # fit() calls train_epoch by this module's name
 
 
 def train_epoch(loop, loader, state):

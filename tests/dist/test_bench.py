@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, run_command
+from helpers import REPO, run_command, timeline_phases
 from hvdtrain.data import write_cifar_files
 from jobs import JOB_TIMEOUT, launcher
 
@@ -39,3 +39,22 @@ def test_bench_worker_reports_each_rank(flags, tmp_path):
             assert 0 < record["allreduce_share"] < 1
         else:
             assert record["allreduce_share"] == 0
+
+
+@pytest.mark.parametrize("copied", [True, False], ids=["copied-buckets", "zero-copy"])
+def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
+    """The bench's "before zero-copy" row measures what it names: its buckets are copied
+    into Horovod's fusion buffer, and today's loop in the same worker copies none."""
+    timeline = tmp_path / "timeline.json"
+    proc = run_command(launcher("horovodrun") + [
+        sys.executable, WORKER, "--impl", "hvdtrain", "--data", "synthetic", "--model",
+        "simple_cnn", "--grad-bucket-mb", "0.002", "--steps", "2", "--warmup", "1",
+        "--batch-size", "16", "--out", str(tmp_path / "run")]
+        + (["--copied-buckets"] if copied else []),
+        timeout=JOB_TIMEOUT, env={"OMP_NUM_THREADS": "1", "HOROVOD_TIMELINE": str(timeline)})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reduced = {row: seen for row, seen in timeline_phases(timeline).items()
+               if "MPI_ALLREDUCE" in seen and ("bucket" in row or "," in row)}
+    assert reduced, sorted(timeline_phases(timeline))
+    copies = [row for row, seen in reduced.items() if "MEMCPY_IN_FUSION_BUFFER" in seen]
+    assert bool(copies) == copied, reduced

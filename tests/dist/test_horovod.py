@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import run_command, tool
+from helpers import run_command, timeline_phases, tool
 from jobs import DIGITS, JOB_TIMEOUT, LAUNCHERS, assert_same_params, launcher, run_ranks
 from hvdtrain.data import write_cifar_files
 
@@ -134,14 +134,7 @@ def test_timeline_shows_buckets_reduced_in_place(tmp_path):
     run_ranks(launcher("horovodrun"), tmp_path,
               DIGITS + ["--max-steps", "3", "--model", "simple_cnn", "--grad-bucket-mb", "0.002",
                         "--horovod-timeline", str(timeline)])
-    text = timeline.read_text().rstrip().rstrip(",")
-    events = json.loads(text if text.endswith("]") else text + "]")
-    rows = {e["pid"]: e["args"]["name"] for e in events
-            if e.get("ph") == "M" and "name" in e.get("args", {})}
-    phases = {}
-    for event in events:
-        if event.get("ph") == "B":
-            phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
+    phases = timeline_phases(timeline)
     buckets = {row: seen for row, seen in phases.items() if "allreduce.bucket." in row}
     assert len(buckets) > 1 and any("broadcast." in row for row in phases), sorted(phases)
     for row, seen in buckets.items():

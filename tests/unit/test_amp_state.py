@@ -12,7 +12,7 @@ from hvdtrain.checkpoint import Checkpointer, read_meta
 from hvdtrain.config import TrainConfig
 from hvdtrain.dist import DistContext
 from hvdtrain.job import build_checkpointer
-from hvdtrain.train import TrainState
+from hvdtrain.epoch import TrainState
 
 
 def amp_trainer():
