@@ -7,17 +7,17 @@ two-rank run for the share of step time spent in the gradient exchange. The same
 hvdtrain as it was before zero-copy buckets. Then rows for an
 option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
 two-rank run and its two independent processes. Last, an allreduce microbenchmark. Prints
-one table and writes it as JSON (--json, default bench.json).
+one table and writes it as JSON (--json, default runs/bench.json).
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
 import argparse
-import glob
 import json
 import os
-import subprocess
+import signal
 import sys
 import tempfile
-import uuid
+
+from bench_runs import Interrupted, Results, Runs, hold_machine_lock, interrupt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -26,36 +26,6 @@ WORKER = [sys.executable, os.path.join(HERE, "bench_worker.py")]
 
 def horovodrun(np_):
     return [os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
-
-
-class Runs:
-    """Starts worker processes, each told where to write its figures, and collects them."""
-
-    def __init__(self, folder, env):
-        self.folder = folder
-        self.env = env
-
-    def with_env(self, extra):
-        """The same runner with `extra` added to the processes' environment."""
-        return Runs(self.folder, dict(self.env, **extra))
-
-    def start(self, cmd):
-        prefix = os.path.join(self.folder, f"run-{uuid.uuid4().hex}")
-        proc = subprocess.Popen(cmd + ["--out", prefix], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=self.env)
-        return proc, prefix
-
-    @staticmethod
-    def collect(started, timeout=900):
-        """Wait for the started processes; return the records their ranks wrote."""
-        records = []
-        for proc, prefix in started:
-            out, _ = proc.communicate(timeout=timeout)
-            files = sorted(glob.glob(prefix + ".rank*.json"))
-            if proc.returncode != 0 or not files:
-                sys.exit(f"bench: a run failed:\n{out[-3000:]}")
-            records += [json.load(open(f)) for f in files]
-        return records
 
 
 # Ablations: hvdtrain with one of its changes undone: (data, extra environment, flags).
@@ -126,51 +96,94 @@ def table(rows):
     return "\n".join("| " + l + " |" for l in lines)
 
 
-def main():
+def positive_int(text):
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def parse():
+    from hvdtrain.models import ZOO_MODELS  # both loops can build these
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--model", default="resnet18_v1")
-    p.add_argument("--json", default="bench.json")
-    p.add_argument("--rounds", type=int, default=2,
+    p.add_argument("--steps", type=positive_int, default=40,
+                   help="timed steps per run, after 5 warm-up steps (default: %(default)s)")
+    p.add_argument("--model", default="resnet18_v1", choices=list(ZOO_MODELS),
+                   metavar="MODEL", help="one of Gluon's model zoo (both loops build it "
+                   "from there): " + ", ".join(ZOO_MODELS) + " (default: %(default)s)")
+    p.add_argument("--json", default=os.path.join("runs", "bench.json"),
+                   help="where the figures go, rewritten after every row so an interrupted "
+                        "bench keeps what it measured; its folder is created "
+                        "(default: %(default)s)")
+    p.add_argument("--rounds", type=positive_int, default=2,
                    help="alternations of the main rows' two-rank and independent runs, best "
                         "kept (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="few steps and one round, for a smoke test")
     args = p.parse_args()
-    steps = 4 if args.quick else args.steps
     if args.quick:
-        args.rounds = 1
+        args.steps, args.rounds = 4, 1
+    return args
+
+
+def main():
+    args = parse()
+    results = Results(args.json, args.steps, args.model)
+    results.check_writable()
+    lock = hold_machine_lock()  # noqa: F841  (held until the process ends)
+    load = results.head["load_average_at_start"]
+    if load > 0.5 * os.cpu_count():
+        print(f"bench: load average {load:.2f} at start: other work is running, and the "
+              "figures will be low and noisy", file=sys.stderr)
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, interrupt)
     with tempfile.TemporaryDirectory() as tmp:
-        from hvdtrain.data import write_cifar_files
-        # Two ranks each need warm-up + timed steps of 64 images within one pass.
-        write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (steps + 6)), num_test=64)
-        common = ["--steps", str(steps), "--model", args.model, "--data-dir", tmp]
         runs = Runs(tmp, env)
-        rows = [measure(runs, impl, data, common, rounds=args.rounds)
-                for data in ("synthetic", "cifar") for impl in ("plain", "hvdtrain")]
-        rows += [measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
-                         rounds=args.rounds)
-                 for label, (data, env_extra, flags) in BEFORE.items()]
-        rows += [measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
-                         full=False)
-                 for label, (data, env_extra, flags) in {**OPTIONS, **ABLATIONS}.items()]
-        micro = runs.collect([runs.start(horovodrun(2) + [
-            sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
-    for row in rows:
+        try:
+            measure_all(args, tmp, runs, results)
+        except Interrupted as stop:
+            runs.stop_all()
+            print(f"bench: stopped by {stop}: {len(results.rows)} rows measured, written to "
+                  f"{args.json}", file=sys.stderr)
+            sys.exit(stop.status)
+        finally:
+            runs.stop_all()
+    results.write(complete=True)
+    for row in results.rows:
         print(json.dumps(row))
     print()
-    print(table(rows))
+    print(table(results.rows))
     print()
     print("allreduce bus bandwidth, 2 ranks (MB/s): bytes | store pushpull | raw hvd.allreduce_")
-    rank0 = [r for r in micro if r["rank"] == 0][0]
-    for size, store_bw, raw_bw in rank0["results"]:
-        print(f"  {size / 2**20:7.1f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
+    for size, store_bw, raw_bw in results.allreduce:
+        print(f"  {size / 2**20:7.2f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
               f"ratio {store_bw / raw_bw:.2f}")
-    with open(args.json, "w") as out:
-        json.dump({"rows": rows, "allreduce": rank0["results"], "steps": steps,
-                   "model": args.model}, out, indent=1)
     print(f"\nwritten to {args.json}")
+
+
+def measure_all(args, tmp, runs, results):
+    """Every row, then the allreduce microbenchmark, each added to `results` as it ends."""
+    from hvdtrain.data import write_cifar_files
+    # Two ranks each need warm-up + timed steps of 64 images within one pass.
+    write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (args.steps + 6)), num_test=64)
+    common = ["--steps", str(args.steps), "--model", args.model, "--data-dir", tmp]
+    for data in ("synthetic", "cifar"):
+        for impl in ("plain", "hvdtrain"):
+            results.add(measure(runs, impl, data, common, rounds=args.rounds))
+    for label, (data, env_extra, flags) in BEFORE.items():
+        results.add(measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
+                            rounds=args.rounds))
+    for label, (data, env_extra, flags) in {**OPTIONS, **ABLATIONS}.items():
+        results.add(measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
+                            full=False))
+    micro = runs.collect([runs.start(horovodrun(2) + [
+        sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
+    results.allreduce = [r for r in micro if r["rank"] == 0][0]["results"]
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ from mxnet.gluon.data.vision import transforms
 
 import horovod.mxnet as hvd
 import hvdtrain
-from hvdtrain import TrainConfig
+from hvdtrain import ConfigError, TrainConfig
 from hvdtrain.data import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
 from hvdtrain.dist import DistContext, share_cpu_threads
 from hvdtrain.exchange import BucketedTrainer
 from hvdtrain.guard import FiniteGuard
+from hvdtrain.models import ZOO_MODELS, model_names
 from hvdtrain.epoch import Loop, TrainState, train_epoch
 
 
@@ -56,16 +57,26 @@ def parse():
                    help="buckets as grouped allreduces of separate gradients, copied into "
                         "Horovod's fusion buffer and back (hvdtrain before zero-copy buckets)")
     p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
-    return p.parse_args()
-
-
-TRAIN_IMAGES = 8192  # synthetic; enough for 59 steps of 64 per rank at 2 ranks
+    args = p.parse_args()
+    if min(args.batch_size, args.steps, args.warmup + 1) < 1:
+        p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
+    # The plain loop builds from Gluon's model zoo only; hvdtrain also has its small models.
+    known = list(ZOO_MODELS) if args.impl == "plain" else model_names()
+    if args.model not in known:
+        p.error(f"--model {args.model}: not one of {', '.join(known)}")
+    if args.data == "cifar" and not args.data_dir:
+        p.error("--data cifar needs --data-dir")
+    if not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
+        p.error(f"--out {args.out}: its folder does not exist or cannot be written")
+    return args
 
 
 def dataset(args):
     if args.data == "cifar":
         return load_cifar10(args.data_dir)
-    return make_synthetic(num_train=TRAIN_IMAGES, num_test=64)
+    # Enough for every step to see a full batch within one pass, at up to 2 ranks.
+    images = max(8192, 2 * args.batch_size * (args.warmup + args.steps))
+    return make_synthetic(num_train=images, num_test=64)
 
 
 def check_enough(data, args, ranks):
@@ -218,6 +229,14 @@ def instrumented(loop, loader, args):
 
 def main():
     args = parse()
+    try:
+        run_and_report(args)
+    except ConfigError as err:  # a data folder without the files, and the like
+        print(f"bench_worker: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run_and_report(args):
     if args.log_interval:
         # The loop reads its metrics at log intervals only when INFO is on; keep it quiet.
         logging.getLogger("hvdtrain").setLevel(logging.INFO)

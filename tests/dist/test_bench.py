@@ -3,7 +3,10 @@ speed is judged by `make bench`, never by tests)."""
 import glob
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -61,3 +64,72 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
     copied_rows = sorted(row for row, seen in gradients.items()
                          if "MEMCPY_IN_FUSION_BUFFER" in seen)
     assert copied_rows == (sorted(gradients) if copied else []), gradients
+
+
+BENCH = os.path.join(REPO, "scripts", "bench.py")
+
+
+@pytest.mark.parametrize("flags", [["--steps", "0"], ["--rounds", "-1"], ["--model", "mlp"],
+                                   ["--json", "/proc/bench.json"]],
+                         ids=["steps", "rounds", "model", "json"])
+def test_bench_refuses_bad_input_before_measuring(flags, tmp_path):
+    proc = run_command([sys.executable, BENCH, "--quick"] + flags, timeout=120,
+                       env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("bench"), proc.stdout
+    assert "Traceback" not in proc.stdout and not list(tmp_path.iterdir()), proc.stdout
+
+
+def _processes_mentioning(text):
+    """Command lines of live processes that contain `text`."""
+    found = []
+    for pid in set(filter(str.isdigit, os.listdir("/proc"))) - {str(os.getpid())}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as src:
+                args = src.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def _wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout} s for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_path):
+    """A signal to the bench's own pid stops every run it started (horovodrun, mpirun and
+    the ranks run in sessions of their own), removes its temporary folder and leaves the
+    JSON it had written; a second bench on the machine meanwhile is refused."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "out" / "bench.json"
+    env = dict(os.environ, TMPDIR=str(temp), PATH=os.path.dirname(sys.executable)
+               + os.pathsep + os.environ["PATH"])
+    bench = subprocess.Popen([sys.executable, BENCH, "--quick", "--json", str(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: any("bench_worker" in a for a in _processes_mentioning(str(temp))),
+                  120, "the bench's first run")
+        second = run_command([sys.executable, BENCH, "--quick", "--json",
+                              str(tmp_path / "second.json")], timeout=120,
+                             env={"TMPDIR": str(temp)})
+        assert second.returncode == 1 and "another bench is running" in second.stdout, \
+            second.stdout
+        bench.send_signal(signum)
+        output, _ = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 128 + signum, output
+    assert f"stopped by {signal.Signals(signum).name}" in output and "Traceback" not in output
+    _wait_for(lambda: not _processes_mentioning(str(temp)), 10, "the bench's runs to end")
+    assert [p.name for p in temp.iterdir()] == ["hvdtrain-bench.lock"]
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and isinstance(record["rows"], list)
