@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 
-from bench_runs import Interrupted, Results, Runs, hold_machine_lock, interrupt
+from bench_runs import STOP_SIGNALS, Interrupted, Results, Runs, hold_machine_lock, interrupt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -96,14 +96,18 @@ def table(rows):
     return "\n".join("| " + l + " |" for l in lines)
 
 
-def positive_int(text):
-    """An argparse type: a whole number of at least 1."""
+MAX_STEPS = 1000  # the CIFAR files for 2 ranks x (warm-up + steps) x 64 images: 400 MB
+
+
+def positive_int(text, most=MAX_STEPS):
+    """An argparse type: a whole number from 1 to `most`."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {most}, "
+                                         f"got {text!r}")
     return value
 
 
@@ -132,15 +136,16 @@ def parse():
 
 def main():
     args = parse()
+    lock = hold_machine_lock()  # noqa: F841  (held until the process ends)
+    # After the lock: a refused bench must not touch the file of the one running.
     results = Results(args.json, args.steps, args.model)
     results.check_writable()
-    lock = hold_machine_lock()  # noqa: F841  (held until the process ends)
     load = results.head["load_average_at_start"]
     if load > 0.5 * os.cpu_count():
         print(f"bench: load average {load:.2f} at start: other work is running, and the "
               "figures will be low and noisy", file=sys.stderr)
     env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, interrupt)
     with tempfile.TemporaryDirectory() as tmp:
         runs = Runs(tmp, env)

@@ -101,8 +101,14 @@ class Interrupted(Exception):
         self.status = 128 + signum
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def interrupt(signum, _frame):
-    """A signal handler: stop the bench where it is."""
+    """A signal handler: stop the bench where it is. Later signals are ignored, so that a
+    second Ctrl-C cannot cut short the clean-up of the first."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
 
 
@@ -125,6 +131,11 @@ def hold_machine_lock():
     return handle
 
 
+def _usage_error(line):
+    print(f"bench: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
 class Results:
     """The figures so far, written to `path` after every row."""
 
@@ -138,13 +149,20 @@ class Results:
     def check_writable(self):
         """Create the file's folder and write the empty results now, so that a path that
         cannot be written fails before anything is measured."""
+        if not os.path.basename(self.path) or os.path.isdir(self.path):
+            _usage_error(f"--json {self.path!r} is not a file name")
+        folder = os.path.dirname(os.path.abspath(self.path))
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
+        except FileExistsError:
+            _usage_error(f"cannot create {folder} for --json: a file of that name is in "
+                         "the way")
+        except OSError as err:
+            _usage_error(f"cannot create {folder} for --json: {err.strerror or err}")
+        try:
             self.write(complete=False)
         except OSError as err:
-            print(f"bench: cannot write --json {self.path}: {err.strerror or err}",
-                  file=sys.stderr)
-            sys.exit(2)
+            _usage_error(f"cannot write --json {self.path}: {err.strerror or err}")
 
     def add(self, row):
         self.rows.append(row)
@@ -152,7 +170,11 @@ class Results:
 
     def write(self, complete):
         temporary = self.path + ".tmp"
-        with open(temporary, "w") as out:
-            json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
-                           complete=complete), out, indent=1)
-        os.replace(temporary, self.path)
+        try:
+            with open(temporary, "w") as out:
+                json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
+                               complete=complete), out, indent=1)
+            os.replace(temporary, self.path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)

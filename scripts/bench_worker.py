@@ -32,6 +32,9 @@ from hvdtrain.models import ZOO_MODELS, model_names
 from hvdtrain.epoch import Loop, TrainState, train_epoch
 
 
+MAX_IMAGES_PER_RANK = 100_000
+
+
 def parse():
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=("plain", "hvdtrain"), required=True)
@@ -60,6 +63,9 @@ def parse():
     args = p.parse_args()
     if min(args.batch_size, args.steps, args.warmup + 1) < 1:
         p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
+    if args.batch_size * (args.warmup + args.steps) > MAX_IMAGES_PER_RANK:
+        p.error(f"--batch-size x (--warmup + --steps) is over {MAX_IMAGES_PER_RANK} images "
+                "per rank, more than a benchmark needs (the data would not fit in memory)")
     # The plain loop builds from Gluon's model zoo only; hvdtrain also has its small models.
     known = list(ZOO_MODELS) if args.impl == "plain" else model_names()
     if args.model not in known:

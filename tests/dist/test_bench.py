@@ -69,15 +69,18 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
 BENCH = os.path.join(REPO, "scripts", "bench.py")
 
 
-@pytest.mark.parametrize("flags", [["--steps", "0"], ["--rounds", "-1"], ["--model", "mlp"],
-                                   ["--json", "/proc/bench.json"]],
-                         ids=["steps", "rounds", "model", "json"])
+@pytest.mark.parametrize("flags", [["--steps", "0"], ["--steps", "100000"], ["--rounds", "-1"],
+                                   ["--model", "mlp"], ["--json", "/proc/bench.json"],
+                                   ["--json", "/tmp"]],
+                         ids=["steps", "steps-huge", "rounds", "model", "json", "json-folder"])
 def test_bench_refuses_bad_input_before_measuring(flags, tmp_path):
     proc = run_command([sys.executable, BENCH, "--quick"] + flags, timeout=120,
                        env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 2, proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("bench"), proc.stdout
-    assert "Traceback" not in proc.stdout and not list(tmp_path.iterdir()), proc.stdout
+    assert "Traceback" not in proc.stdout, proc.stdout
+    # Nothing measured, nothing written: at most the machine's bench lock exists.
+    assert {p.name for p in tmp_path.iterdir()} <= {"hvdtrain-bench.lock"}
 
 
 def _processes_mentioning(text):
@@ -102,11 +105,13 @@ def _wait_for(condition, timeout, what):
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["TERM", "INT", "HUP"])
 def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_path):
-    """A signal to the bench's own pid stops every run it started (horovodrun, mpirun and
-    the ranks run in sessions of their own), removes its temporary folder and leaves the
-    JSON it had written; a second bench on the machine meanwhile is refused."""
+    """A signal to the bench's own pid (sent twice) stops every run it started (horovodrun,
+    mpirun and the ranks run in sessions of their own), removes its temporary folder and
+    leaves the JSON it had written; a second bench on the machine meanwhile is refused
+    without touching that file."""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "out" / "bench.json"
@@ -117,12 +122,16 @@ def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_pat
     try:
         _wait_for(lambda: any("bench_worker" in a for a in _processes_mentioning(str(temp))),
                   120, "the bench's first run")
-        second = run_command([sys.executable, BENCH, "--quick", "--json",
-                              str(tmp_path / "second.json")], timeout=120,
-                             env={"TMPDIR": str(temp)})
+        written = out.read_bytes()
+        # The same file: a refused bench must not replace the running one's figures.
+        second = run_command([sys.executable, BENCH, "--quick", "--json", str(out)],
+                             timeout=120, env={"TMPDIR": str(temp)})
         assert second.returncode == 1 and "another bench is running" in second.stdout, \
             second.stdout
+        assert out.read_bytes() == written
         bench.send_signal(signum)
+        time.sleep(0.3)
+        bench.send_signal(signum)  # pressed twice: the clean-up of the first must go on
         output, _ = bench.communicate(timeout=60)
     finally:
         if bench.poll() is None:
