@@ -94,7 +94,7 @@ class Runs:
 
 
 class Interrupted(Exception):
-    """SIGTERM or SIGINT reached the bench."""
+    """One of STOP_SIGNALS (TERM, INT, HUP) reached the bench."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
