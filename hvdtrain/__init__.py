@@ -4,17 +4,17 @@ Importing the package registers the ``horovod`` KVStore with MXNet; it does not 
 Horovod (that happens when a store is created).
 """
 from .config import ConfigError, TrainConfig
-from .data import Dataset, load_dataset
-from .dist import DistContext, select_devices
-from .evaluate import EvalResult, evaluate
-from .exchange import BucketedTrainer
-from .kvstore import HorovodKVStore, create_store
-from .loader import BatchLoader
-from .log import MetricsWriter, setup_logging
+from .data.datasets import Dataset, load_dataset
+from .store.dist import DistContext, select_devices
+from .loop.evaluate import EvalResult, evaluate
+from .store.buckets import BucketedTrainer
+from .store.kvstore import HorovodKVStore, create_store
+from .data.loader import BatchLoader
+from .report.log import MetricsWriter, setup_logging
 from .models import build_model, model_names
-from .sampler import SplitSampler
-from .epoch import TrainState
-from .train import (Outputs, broadcast_parameters, build_loaders, build_trainer, fit,
+from .data.sampler import SplitSampler
+from .state.train_state import TrainState
+from .loop.fit import (Outputs, broadcast_parameters, build_loaders, build_trainer, fit,
                     initialize)
 
 __version__ = "0.1.0"

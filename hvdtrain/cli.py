@@ -16,10 +16,10 @@ from typing import List, Optional
 
 from . import config as cfgmod
 from .config import ConfigError, TrainConfig
-from .log import error_line
-from .guard import NonFiniteLoss
+from .report.log import error_line
+from .loop.guard import NonFiniteLoss
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
-from .writes import OutputError
+from .state.writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
@@ -58,122 +58,59 @@ class _OnOffFlag(argparse.Action):
         return " | ".join(self.option_strings)
 
 
-def _int_list(text: str):
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+def _parser_type(parse):
+    """argparse wants ArgumentTypeError for a one-line usage error."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return convert
+
+
+def _add_option(group, spec) -> None:
+    """Add one option of :class:`TrainConfig` to the parser, as its definition says."""
+    meta = spec.metadata
+    help_text = meta["help"].replace("%", "%%")
+    kind = meta["kind"]
+    flag = cfgmod.flags_of(spec)[0]
+    if kind == "switch":
+        group.add_argument(flag, dest=spec.name, action="store_true", help=help_text)
+        return
+    if kind == "off-switch":
+        group.add_argument(flag, dest=spec.name, action="store_false", help=help_text)
+        return
+    if kind == "on-off":
+        group.add_argument(flag, dest=spec.name, action=_OnOffFlag, default=None,
+                           help=help_text)
+        return
+    default = cfgmod.default_of(spec)
+    shown = cfgmod.shown_default(spec)
+    if cfgmod.describe_range(spec):
+        help_text += f" ({cfgmod.describe_range(spec)})"
+    if shown:
+        help_text += f" (default: {shown})"
+    parse = cfgmod.parse_of(spec)
+    kwargs = {"dest": spec.name, "default": default, "help": help_text,
+              "metavar": meta["metavar"]}
+    if parse is not None:  # int and float keep argparse's own "invalid int value" line
+        kwargs["type"] = parse if parse in (int, float) else _parser_type(parse)
+    if meta["choices"]:
+        kwargs["choices"] = meta["choices"]
+        kwargs.pop("metavar")
+    group.add_argument(flag, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; defaults come from :class:`TrainConfig`."""
-    d = TrainConfig(dataset="digits")
+    """The argument parser, made from the option definitions of :class:`TrainConfig`."""
     p = _Parser(prog="hvdtrain", description=(
         "Data-parallel training of MXNet Gluon models with Horovod ring-allreduce. "
         "Run one process per device under horovodrun or mpirun; without a launcher it "
         "trains as a single worker."),
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = p.add_argument_group("data")
-    data.add_argument("--dataset", default="cifar10", choices=cfgmod.DATASETS,
-                      help="cifar10 (binary files in --data-dir), digits (bundled with "
-                           "scikit-learn) or synthetic (random, for throughput) "
-                           "(default: cifar10)")
-    data.add_argument("--data-dir", help="folder with the CIFAR-10 binary files")
-    data.add_argument("--data-workers", type=int, default=d.data_workers,
-                      help="threads preparing batches per process (default: %(default)s)")
-    data.add_argument("--sampling", default=d.sampling, choices=cfgmod.SAMPLING_MODES,
-                      help="how shuffled data is split over workers; strided makes N workers "
-                           "x batch b see what 1 worker x batch N*b sees (default: "
-                           "%(default)s)")
-    model = p.add_argument_group("model")
-    model.add_argument("--model", help="Gluon model-zoo name, simple_cnn or mlp "
-                                       "(default: simple_cnn for digits, else resnet18_v1)")
-    model.add_argument("--no-hybridize", dest="hybridize", action="store_false",
-                       help="run the model imperatively (for debugging)")
-    opt = p.add_argument_group("optimisation")
-    opt.add_argument("--batch-size", type=int, default=d.batch_size,
-                     help="samples per device per step (with Horovod: per worker); global "
-                          "batch = this x devices per worker x workers (default: "
-                          "%(default)s)")
-    opt.add_argument("--epochs", type=int, default=d.epochs,
-                     help="passes over the training set (default: %(default)s)")
-    opt.add_argument("--lr", type=float, default=d.lr,
-                     help="learning rate for the GLOBAL batch: gradients are averaged over "
-                          "all workers' samples (default: %(default)s)")
-    opt.add_argument("--lr-scaling", default=d.lr_scaling, choices=cfgmod.LR_SCALING,
-                     help="linear: multiply --lr by the number of workers (default: "
-                          "%(default)s)")
-    opt.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs,
-                     help="linear learning-rate warm-up, in epochs (default: %(default)s)")
-    opt.add_argument("--lr-decay-epochs", type=_int_list, default=d.lr_decay_epochs,
-                     help="comma-separated epochs at which lr is multiplied by "
-                          "--lr-decay-factor (default: none)")
-    opt.add_argument("--lr-decay-factor", type=float, default=d.lr_decay_factor,
-                     help="factor the learning rate is multiplied by at each "
-                          "--lr-decay-epochs epoch (default: %(default)s)")
-    opt.add_argument("--optimizer", default=d.optimizer, choices=cfgmod.OPTIMIZERS,
-                     help="Gluon optimizer applying the averaged gradients (default: "
-                          "%(default)s)")
-    opt.add_argument("--momentum", type=float, default=d.momentum,
-                     help="for sgd and nag (default: %(default)s)")
-    opt.add_argument("--wd", type=float, default=d.wd, help="weight decay (default: %(default)s)")
-    opt.add_argument("--seed", type=int, default=d.seed,
-                     help="seeds shuffling, augmentation and initialisation (default: "
-                          "%(default)s)")
-    opt.add_argument("--max-steps", type=int,
-                     help="stop after this many optimizer steps in total")
-    dist = p.add_argument_group("distribution")
-    dist.add_argument("--kvstore", default=d.kvstore, choices=cfgmod.KVSTORES,
-                      help="horovod (allreduce), MXNet's local/device/dist_* stores, or none "
-                           "(default: %(default)s)")
-    dist.add_argument("--fp16-allreduce", action="store_true",
-                      help="send gradients as float16 (horovod store)")
-    dist.add_argument("--grad-bucket-mb", type=float, default=d.grad_bucket_mb,
-                      help="gradients live in flat buckets of at most this many MiB, each "
-                           "reduced by one in-place allreduce as soon as backward fills it; "
-                           "0: one allreduce per parameter (horovod store) (default: "
-                           "%(default)s)")
-    model.add_argument("--dtype", default="float32", choices=cfgmod.DTYPES,
-                       help="float16 trains a float16 model with float32 master weights "
-                            "(GPU only) (default: %(default)s)")
-    model.add_argument("--amp", action="store_true",
-                       help="MXNet automatic mixed precision with loss scaling (GPU only)")
-    dist.add_argument("--no-cuda", action="store_true",
-                      help="train on the CPU even if GPUs are visible")
-    dist.add_argument("--gpus", type=_int_list, default=d.gpus,
-                      help="comma-separated GPU ids this worker drives (parameter server: "
-                           "one worker per host, several GPUs)")
-    dist.add_argument("--gpus-per-worker", type=int,
-                      help="each worker drives this many GPUs, picked by its local rank")
-    out = p.add_argument_group("output")
-    out.add_argument("--output-dir", help="where rank 0 writes metrics.jsonl, checkpoints/ and "
-                                          "model.params")
-    out.add_argument("--progress", action=_OnOffFlag, default=None,
-                     help="a live progress bar on rank 0 (default: when stderr is a "
-                          "terminal; plain log lines otherwise)")
-    out.add_argument("--tensorboard", metavar="DIR",
-                     help="write TensorBoard scalars (rank 0) to DIR")
-    out.add_argument("--horovod-timeline", metavar="FILE",
-                     help="write Horovod's timeline of every collective (rank 0) to FILE, "
-                          "a Chrome trace: open it in chrome://tracing or Perfetto")
-    out.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                     help="save a checkpoint every N epochs, and after the last "
-                          "(default: %(default)s)")
-    out.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
-                     help="keep the newest K checkpoints (default: %(default)s)")
-    out.add_argument("--resume", help="'auto' (newest checkpoint in --output-dir, or start "
-                                      "fresh) or a checkpoint path")
-    out.add_argument("--finite-check-every", type=int, default=d.finite_check_every,
-                     help="check every N steps that no rank's loss is NaN or infinite "
-                          "(default: %(default)s)")
-    out.add_argument("--stall-timeout", type=float, default=d.stall_timeout, metavar="SECONDS",
-                     help="a rank that completes no training or evaluation step for this long "
-                          "logs its last step and exits, ending the job (a frozen rank would "
-                          "otherwise hang it); also sets Horovod's stall check unless "
-                          "HOROVOD_STALL_* are set; 0: off (default: %(default)s)")
-    out.add_argument("--log-interval", type=int, default=d.log_interval,
-                     help="log every N steps within an epoch, 0 for epoch lines only "
-                          "(default: %(default)s)")
+    groups = {name: p.add_argument_group(name) for name in cfgmod.GROUPS}
+    for spec in cfgmod.options():
+        _add_option(groups[spec.metadata["group"]], spec)
     return p
 
 

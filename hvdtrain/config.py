@@ -1,96 +1,209 @@
-"""The training configuration: one frozen, validated dataclass.
+"""The training configuration: every option defined once, and one frozen, validated dataclass.
 
-Argument parsing lives in :mod:`hvdtrain.cli`; this module only knows what a valid
-configuration is, so the library API and the command line share one set of rules.
+Each field of :class:`TrainConfig` carries its whole definition in ``field(metadata=...)``
+(made by :func:`option`): its help text, ``--help`` group, choices and numeric range. From
+that one place :func:`validate` checks a configuration, :mod:`hvdtrain.cli` builds the
+parser and :func:`flag_table` writes README's flag table (``tests/unit/test_config.py``
+fails when the README's copy is stale). Adding a flag is one :func:`option` here plus its
+behaviour. Standard library only: the parameter-server launcher imports this module.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
-KVSTORES = ("horovod", "local", "device", "none",
-            "dist_sync", "dist_device_sync", "dist_async")
-DATASETS = ("cifar10", "digits", "synthetic")
-OPTIMIZERS = ("sgd", "nag", "adam", "adamw", "rmsprop")
-SAMPLING_MODES = ("strided", "contiguous")
-LR_SCALING = ("none", "linear")
-DTYPES = ("float32", "float16")
 HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
                   "float16 (its CPU AMP is bfloat16); train in float32 on CPUs")
+GROUPS = ("data", "model", "optimisation", "distribution", "output")
 
 
 class ConfigError(ValueError):
     """A configuration a user can fix; its message is one line meant for them."""
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that decides what a training run does.
+def int_list(text: str) -> Tuple[int, ...]:
+    """``"3,6"`` -> ``(3, 6)``: the command-line form of a tuple-of-int option."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+
+
+# A range is (low, high, low_open, high_open); high None: no upper bound.
+POSITIVE = (0, None, True, False)
+NON_NEGATIVE = (0, None, False, False)
+
+
+def option(default, help: str, *, group: str, choices: Tuple[str, ...] = (),  # noqa: A002
+           range: Optional[tuple] = None, parse: Optional[Callable] = None,  # noqa: A002
+           kind: str = "value", metavar: Optional[str] = None, shown: Optional[str] = None):
+    """One option, defined once: a dataclass field whose metadata the parser, the validation
+    and the README table read.
 
     Parameters
     ----------
-    batch_size : int
+    default
+        The value when the flag is not given (a tuple default becomes a factory).
+    help : str
+        One sentence for ``--help`` and the README; choices, range and default are added.
+    group : str
+        The ``--help`` section (one of :data:`GROUPS`).
+    choices : tuple of str
+        The accepted values, if the option is a name.
+    range : tuple, optional
+        ``(low, high, low_open, high_open)`` for a number; ``high`` None is unbounded.
+    parse : callable, optional
+        Turns the command-line text into the value (default: the default's type).
+    kind : {'value', 'switch', 'off-switch', 'on-off'}
+        ``switch``: ``--flag`` sets True; ``off-switch``: ``--no-flag`` sets False;
+        ``on-off``: both ``--flag`` and ``--no-flag``, neither leaves None.
+    metavar : str, optional
+        The value's name in ``--help``.
+    shown : str, optional
+        How the default reads in the README when it is computed (``per dataset``).
+    """
+    assert group in GROUPS, group
+    meta = {"help": help, "group": group, "choices": tuple(choices), "range": range,
+            "parse": parse, "kind": kind, "metavar": metavar, "shown": shown}
+    if isinstance(default, tuple):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides what a training run does; each field is one option.
+
+    The fields' metadata hold the help text, choices and range of each (see
+    :func:`option`); ``hvdtrain --help`` and README's flag table are made from them. Three
+    that are easy to misread:
+
+    batch_size
         Samples per device per step. With Horovod a worker drives one device, so this is
         per worker; the global batch is ``batch_size * devices per worker * num_workers``.
-    lr : float
+    lr
         Learning rate for the *global* batch: gradients are averaged over it.
-    lr_scaling : {'none', 'linear'}
-        ``linear`` multiplies `lr` by the number of workers (then `lr` is the rate for
-        one worker's batch).
-    sampling : {'strided', 'contiguous'}
-        How the shuffled training set is split over workers. ``strided`` makes N workers
-        with batch b see exactly the samples of one worker with batch N*b, step by step.
-    max_steps : int or None
-        Stop after this many optimizer steps in total (for smoke tests).
-    grad_bucket_mb : float
-        Gradients are reduced in grouped calls of at most this many MiB, last layer
-        first (horovod store); 0 reduces each parameter on its own.
-    stall_timeout : float
-        A rank that completes no training or evaluation step for this many seconds logs
-        which step it last finished and exits, so a frozen rank ends the job instead of
-        hanging it (0: off). The default, 10 minutes, leaves room for what a healthy GPU
-        job does between two steps: cuDNN autotuning on the first step and writing a large
-        checkpoint can each take minutes.
+    sampling
+        ``strided`` makes N workers with batch b see exactly the samples of one worker with
+        batch N*b, step by step.
     """
 
-    batch_size: int = 64
-    epochs: int = 5
-    lr: float = 0.01
-    no_cuda: bool = False
-    kvstore: str = "horovod"
-    dataset: str = "cifar10"
-    data_dir: Optional[str] = None
-    model: Optional[str] = None
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    wd: float = 1e-4
-    seed: int = 42
-    max_steps: Optional[int] = None
-    output_dir: Optional[str] = None
-    log_interval: int = 50
-    data_workers: int = 2
-    sampling: str = "strided"
-    lr_scaling: str = "none"
-    warmup_epochs: float = 0.0
-    lr_decay_epochs: Tuple[int, ...] = field(default_factory=tuple)
-    lr_decay_factor: float = 0.1
-    hybridize: bool = True
-    fp16_allreduce: bool = False
-    grad_bucket_mb: float = 25.0
-    gpus: Tuple[int, ...] = field(default_factory=tuple)
-    gpus_per_worker: Optional[int] = None
-    checkpoint_every: int = 1
-    keep_checkpoints: int = 3
-    resume: Optional[str] = None
-    finite_check_every: int = 10
-    progress: Optional[bool] = None
-    dtype: str = "float32"
-    amp: bool = False
-    tensorboard: Optional[str] = None
-    horovod_timeline: Optional[str] = None
-    stall_timeout: float = 600.0
+    # data
+    dataset: str = option(
+        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled with scikit-learn) "
+        "or synthetic (random, for throughput)", group="data",
+        choices=("cifar10", "digits", "synthetic"))
+    data_dir: Optional[str] = option(
+        None, "folder with the CIFAR-10 binary files", group="data")
+    data_workers: int = option(
+        2, "threads preparing batches ahead of the step, per process", group="data",
+        range=NON_NEGATIVE)
+    sampling: str = option(
+        "strided", "how each epoch's shuffle is split over workers; strided makes N workers x "
+        "batch b see what 1 worker x batch N*b sees", group="data",
+        choices=("strided", "contiguous"))
+    # model
+    model: Optional[str] = option(
+        None, "Gluon model-zoo name, simple_cnn, bn_cnn or mlp; simple_cnn for digits, else "
+        "resnet18_v1", group="model", shown="per dataset")
+    hybridize: bool = option(
+        True, "run the model imperatively (for debugging)", group="model", kind="off-switch")
+    dtype: str = option(
+        "float32", "float16 trains a float16 model with float32 master weights (GPU only)",
+        group="model", choices=("float32", "float16"))
+    amp: bool = option(
+        False, "MXNet automatic mixed precision with loss scaling (GPU only)", group="model",
+        kind="switch")
+    # optimisation
+    batch_size: int = option(
+        64, "samples per device per step (with Horovod: per worker); global batch = this x "
+        "devices per worker x workers", group="optimisation", range=POSITIVE)
+    epochs: int = option(
+        5, "passes over the training set", group="optimisation", range=POSITIVE)
+    lr: float = option(
+        0.01, "learning rate for the GLOBAL batch: gradients are averaged over all workers' "
+        "samples", group="optimisation", range=POSITIVE)
+    lr_scaling: str = option(
+        "none", "linear: multiply --lr by the number of workers", group="optimisation",
+        choices=("none", "linear"))
+    warmup_epochs: float = option(
+        0.0, "linear learning-rate warm-up, in epochs", group="optimisation",
+        range=NON_NEGATIVE)
+    lr_decay_epochs: Tuple[int, ...] = option(
+        (), "comma-separated epochs at which the learning rate is multiplied by "
+        "--lr-decay-factor", group="optimisation", parse=int_list)
+    lr_decay_factor: float = option(
+        0.1, "factor the learning rate is multiplied by at each --lr-decay-epochs epoch",
+        group="optimisation", range=(0, 1, True, False))
+    optimizer: str = option(
+        "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
+        choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
+    momentum: float = option(
+        0.9, "momentum, for sgd and nag", group="optimisation", range=(0, 1, False, True))
+    wd: float = option(1e-4, "weight decay", group="optimisation", range=NON_NEGATIVE)
+    # The seed is bounded by what MXNet's and numpy's generators take (seed + rank).
+    seed: int = option(
+        42, "seeds shuffling, augmentation and initialisation", group="optimisation",
+        range=(0, 2 ** 31 - 1, False, False))
+    max_steps: Optional[int] = option(
+        None, "stop after this many optimizer steps in total", group="optimisation",
+        range=POSITIVE)
+    # distribution
+    kvstore: str = option(
+        "horovod", "horovod (allreduce), none, or MXNet's local, device and dist_* stores",
+        group="distribution", choices=("horovod", "local", "device", "none", "dist_sync",
+                                       "dist_device_sync", "dist_async"))
+    fp16_allreduce: bool = option(
+        False, "send gradients as float16 (horovod store)", group="distribution", kind="switch")
+    grad_bucket_mb: float = option(
+        25.0, "gradients live in flat buckets of at most this many MiB, each reduced by one "
+        "in-place allreduce as soon as backward fills it; 0: one allreduce per parameter "
+        "(horovod store)", group="distribution", range=NON_NEGATIVE)
+    no_cuda: bool = option(
+        False, "train on the CPU even if GPUs are visible", group="distribution",
+        kind="switch")
+    gpus: Tuple[int, ...] = option(
+        (), "comma-separated GPU ids this worker drives (parameter server: one worker per "
+        "host, several GPUs)", group="distribution", parse=int_list)
+    gpus_per_worker: Optional[int] = option(
+        None, "each worker drives this many GPUs, picked by its local rank",
+        group="distribution", range=POSITIVE)
+    # output
+    output_dir: Optional[str] = option(
+        None, "where rank 0 writes metrics.jsonl, checkpoints/ and model.params",
+        group="output")
+    progress: Optional[bool] = option(
+        None, "a live progress bar on rank 0 (default: when stderr is a terminal; plain log "
+        "lines otherwise)", group="output", kind="on-off", shown="auto")
+    tensorboard: Optional[str] = option(
+        None, "write TensorBoard scalars (rank 0) to DIR", group="output", metavar="DIR")
+    horovod_timeline: Optional[str] = option(
+        None, "write Horovod's timeline of every collective (rank 0) to FILE, a Chrome trace "
+        "for chrome://tracing or Perfetto (docs/performance.md)", group="output",
+        metavar="FILE")
+    checkpoint_every: int = option(
+        1, "save a checkpoint every N epochs, and after the last", group="output",
+        range=POSITIVE)
+    keep_checkpoints: int = option(
+        3, "keep the newest K checkpoints", group="output", range=POSITIVE)
+    resume: Optional[str] = option(
+        None, "'auto' (newest checkpoint in --output-dir, or start fresh) or a checkpoint "
+        "path", group="output")
+    finite_check_every: int = option(
+        10, "check every N steps that no rank's loss is NaN or infinite", group="output",
+        range=POSITIVE)
+    # The default, 10 minutes, leaves room for what a healthy GPU job does between two
+    # steps: cuDNN autotuning on the first step and writing a large checkpoint.
+    stall_timeout: float = option(
+        600.0, "a rank that completes no training or evaluation step for this long logs its "
+        "last step and exits, ending the job (a frozen rank would otherwise hang it); also "
+        "sets Horovod's stall check unless HOROVOD_STALL_* are set; 0: off", group="output",
+        range=NON_NEGATIVE, metavar="SECONDS")
+    log_interval: int = option(
+        50, "log every N steps within an epoch, 0 for epoch lines only", group="output",
+        range=NON_NEGATIVE)
 
     def __post_init__(self):
         validate(self)
@@ -109,9 +222,89 @@ class TrainConfig:
     @property
     def model_name(self) -> str:
         """The model to build: `model`, or the dataset's default."""
-        if self.model:
-            return self.model
-        return "simple_cnn" if self.dataset == "digits" else "resnet18_v1"
+        return model_for(self.model, self.dataset)
+
+
+def model_for(model: Optional[str], dataset: Optional[str]) -> str:
+    """The model a run with these ``--model`` and ``--dataset`` values builds."""
+    if model:
+        return model
+    return "simple_cnn" if dataset == "digits" else "resnet18_v1"
+
+
+def options() -> Iterator[dataclasses.Field]:
+    """Every option, in ``--help`` order within each group."""
+    return iter(dataclasses.fields(TrainConfig))
+
+
+def default_of(spec: dataclasses.Field):
+    """The value an option has when its flag is not given."""
+    if spec.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return spec.default_factory()  # type: ignore[misc]
+    return spec.default
+
+
+def choices_of(name: str) -> Tuple[str, ...]:
+    """The accepted values of option `name` (a field of :class:`TrainConfig`)."""
+    return next(spec.metadata["choices"] for spec in options() if spec.name == name)
+
+
+_PARSERS = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}
+
+
+def parse_of(spec: dataclasses.Field) -> Optional[Callable]:
+    """What turns an option's command-line text into its value (None: kept as text)."""
+    return spec.metadata["parse"] or _PARSERS.get(spec.type)
+
+
+def flags_of(spec: dataclasses.Field) -> Tuple[str, ...]:
+    """The command-line spellings of an option (``--no-hybridize``; ``--progress``,
+    ``--no-progress``)."""
+    name = _flag(spec.name)
+    kind = spec.metadata["kind"]
+    if kind == "off-switch":
+        return ("--no-" + name[2:],)
+    if kind == "on-off":
+        return (name, "--no-" + name[2:])
+    return (name,)
+
+
+def describe_range(spec: dataclasses.Field) -> str:
+    """An option's range in words ("> 0", "in [0, 1)"), or "" for none."""
+    if not spec.metadata["range"]:
+        return ""
+    low, high, low_open, high_open = spec.metadata["range"]
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def shown_default(spec: dataclasses.Field) -> str:
+    """An option's default as a person reads it ("" for none, or for a switch)."""
+    if spec.metadata["shown"]:
+        return spec.metadata["shown"]
+    value = default_of(spec)
+    if spec.metadata["kind"] != "value" or value in (None, ()):
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def flag_table() -> str:
+    """README's flag table (markdown), made from the options' definitions."""
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for spec in options():
+        default = shown_default(spec)
+        if spec.metadata["choices"] and default:
+            default = f"`{default}`"
+        choices = spec.metadata["choices"]
+        named = all(choice in spec.metadata["help"] for choice in choices)
+        extra = [f"one of {', '.join(choices)}"] if choices and not named else []
+        if describe_range(spec):
+            extra.append(describe_range(spec))
+        meaning = spec.metadata["help"] + (f" ({'; '.join(extra)})" if extra else "")
+        flags = ", ".join(f"`{f}`" for f in flags_of(spec))
+        rows.append(f"| {flags} | {default} | {meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def _flag(name: str) -> str:
@@ -139,29 +332,6 @@ def _check_range(cfg, name: str, low, high, low_open: bool, high_open: bool) -> 
     raise ConfigError(f"{_flag(name)} must be {wanted}, got {value}")
 
 
-# The range of every numeric field: (low, high, low_open, high_open); high None: no upper
-# bound. The seed is bounded by what MXNet's and numpy's generators take (seed + rank).
-RANGES = {
-    "batch_size": (0, None, True, False),
-    "epochs": (0, None, True, False),
-    "lr": (0, None, True, False),
-    "max_steps": (0, None, True, False),
-    "gpus_per_worker": (0, None, True, False),
-    "checkpoint_every": (0, None, True, False),
-    "keep_checkpoints": (0, None, True, False),
-    "finite_check_every": (0, None, True, False),
-    "momentum": (0, 1, False, True),
-    "lr_decay_factor": (0, 1, True, False),
-    "wd": (0, None, False, False),
-    "log_interval": (0, None, False, False),
-    "data_workers": (0, None, False, False),
-    "warmup_epochs": (0, None, False, False),
-    "grad_bucket_mb": (0, None, False, False),
-    "stall_timeout": (0, None, False, False),
-    "seed": (0, 2 ** 31 - 1, False, False),
-}
-
-
 def _one_of(cfg, name, choices):
     value = getattr(cfg, name)
     if value not in choices:
@@ -170,14 +340,11 @@ def _one_of(cfg, name, choices):
 
 def validate(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
-    for name, (low, high, low_open, high_open) in RANGES.items():
-        _check_range(cfg, name, low, high, low_open, high_open)
-    _one_of(cfg, "kvstore", KVSTORES)
-    _one_of(cfg, "dataset", DATASETS)
-    _one_of(cfg, "optimizer", OPTIMIZERS)
-    _one_of(cfg, "sampling", SAMPLING_MODES)
-    _one_of(cfg, "lr_scaling", LR_SCALING)
-    _one_of(cfg, "dtype", DTYPES)
+    for spec in options():
+        if spec.metadata["range"]:
+            _check_range(cfg, spec.name, *spec.metadata["range"])
+        if spec.metadata["choices"]:
+            _one_of(cfg, spec.name, spec.metadata["choices"])
     if cfg.amp and cfg.dtype == "float16":
         raise ConfigError("--amp already runs in mixed float16/float32: drop --dtype float16")
     if cfg.no_cuda and (cfg.amp or cfg.dtype == "float16"):

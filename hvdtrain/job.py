@@ -13,23 +13,24 @@ import logging
 import os
 from dataclasses import dataclass
 
-from . import precision
-from .checkpoint import Checkpointer, read_meta, save_params
+from .loop import precision
+from .state.checkpoint import Checkpointer, read_meta, save_params
+from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
-from .data import load_dataset
-from .dist import DistContext, select_devices, share_cpu_threads
-from .kvstore import create_store
-from .lifeline import LauncherWatch, launcher_chain
-from .log import MetricsWriter, setup_logging
+from .data.datasets import load_dataset
+from .store.dist import DistContext, select_devices, share_cpu_threads
+from .store.kvstore import create_store
+from .runtime.lifeline import LauncherWatch, launcher_chain
+from .report.log import MetricsWriter, setup_logging
 from .models import build_model
-from .outdir import claim, refuse_fresh_run, refuse_if_in_use
-from .report import TensorBoardWriter
-from .resume import check_compatible, resume_state
-from .resume_from import loadable, resolve_resume
-from .epoch import TrainState
-from .train import Outputs, broadcast_parameters, build_trainer, fit, initialize
-from .watchdog import Watchdog, horovod_stall_env
-from .writes import check_writable_dir
+from .state.outdir import claim, refuse_fresh_run, refuse_if_in_use
+from .report.progress import TensorBoardWriter
+from .state.resume import check_compatible, resume_state
+from .state.resume_from import loadable, resolve_resume
+from .state.train_state import TrainState
+from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
+from .runtime.watchdog import Watchdog, horovod_stall_env
+from .state.writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
 
@@ -73,7 +74,7 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
             "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
     saver = Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
                          enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
-    saver.extra = precision.loss_scale_state
+    saver.extra = loss_scale_state
     return saver
 
 

@@ -173,7 +173,7 @@ def main():
 
 def measure_all(args, tmp, runs, results):
     """Every row, then the allreduce microbenchmark, each added to `results` as it ends."""
-    from hvdtrain.data import write_cifar_files
+    from hvdtrain.data.datasets import write_cifar_files
     # Two ranks each need warm-up + timed steps of 64 images within one pass.
     write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (args.steps + 6)), num_test=64)
     common = ["--steps", str(args.steps), "--model", args.model, "--data-dir", tmp]

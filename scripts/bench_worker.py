@@ -24,12 +24,13 @@ from mxnet.gluon.data.vision import transforms
 import horovod.mxnet as hvd
 import hvdtrain
 from hvdtrain import ConfigError, TrainConfig
-from hvdtrain.data import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
-from hvdtrain.dist import DistContext, share_cpu_threads
-from hvdtrain.exchange import BucketedTrainer
-from hvdtrain.guard import FiniteGuard
+from hvdtrain.data.datasets import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
+from hvdtrain.store.dist import DistContext, share_cpu_threads
+from hvdtrain.store.buckets import BucketedTrainer
+from hvdtrain.loop.guard import FiniteGuard
 from hvdtrain.models import ZOO_MODELS, model_names
-from hvdtrain.epoch import Loop, TrainState, train_epoch
+from hvdtrain.loop.epoch import Loop, train_epoch
+from hvdtrain.state.train_state import TrainState
 
 
 MAX_IMAGES_PER_RANK = 100_000

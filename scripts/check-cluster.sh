@@ -12,4 +12,4 @@ python=${HVDTRAIN_PYTHON:-}
 if [ -z "$python" ]; then
   if [ -x "$here/.venv/bin/python" ]; then python="$here/.venv/bin/python"; else python=python3; fi
 fi
-exec "$python" -m hvdtrain.cluster "$@"
+exec "$python" -m hvdtrain.check.cluster "$@"

@@ -14,7 +14,7 @@ import sys
 import mxnet as mx
 
 import hvdtrain  # noqa: F401  registers 'horovod'
-from hvdtrain.dist import DistContext
+from hvdtrain.store.dist import DistContext
 
 LARGE = 1 << 22  # 16 MiB of float32: above Horovod's fusion threshold and MXNet's bigarray bound
 DEVICES = [mx.cpu(0), mx.cpu(1)]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import REPO, run_command, timeline_phases
-from hvdtrain.data import write_cifar_files
+from hvdtrain.data.datasets import write_cifar_files
 from jobs import JOB_TIMEOUT, launcher
 
 pytestmark = pytest.mark.dist

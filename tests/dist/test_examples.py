@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import REPO, run_command
-from hvdtrain.data import write_cifar_files
+from hvdtrain.data.datasets import write_cifar_files
 from jobs import JOB_TIMEOUT, launcher
 
 pytestmark = pytest.mark.dist

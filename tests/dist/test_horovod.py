@@ -8,7 +8,7 @@ import pytest
 
 from helpers import run_command, timeline_phases, tool
 from jobs import DIGITS, JOB_TIMEOUT, LAUNCHERS, assert_same_params, launcher, run_ranks
-from hvdtrain.data import write_cifar_files
+from hvdtrain.data.datasets import write_cifar_files
 
 pytestmark = pytest.mark.dist
 

@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from helpers import REPO, run_command, tool
-from hvdtrain.data import write_cifar_files
-from hvdtrain.rankfacts import COLUMNS
+from hvdtrain.data.datasets import write_cifar_files
+from hvdtrain.check.rankfacts import COLUMNS
 from jobs import JOB_TIMEOUT, LAUNCHERS, launcher
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
 

@@ -18,9 +18,9 @@ import pytest
 
 from helpers import BIN, REPO, run_command
 from hvdtrain.cli import parse_config
-from hvdtrain.data import write_cifar_files
-from hvdtrain.launch import parse_args as parse_launch_args
-from hvdtrain.preflight import build_parser as preflight_parser
+from hvdtrain.data.datasets import write_cifar_files
+from hvdtrain.launch.launcher import parse_args as parse_launch_args
+from hvdtrain.check.preflight import build_parser as preflight_parser
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
 from readme_commands import covered_commands, documents, python_blocks

@@ -184,7 +184,7 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
     params.write_bytes(params.read_bytes()[:100])
     cifar = tmp_path / "cifar"
     cifar.mkdir()
-    from hvdtrain.data import write_cifar_files
+    from hvdtrain.data.datasets import write_cifar_files
     write_cifar_files(str(cifar), 10, 2)
     (cifar / "test_batch.bin").write_bytes((cifar / "test_batch.bin").read_bytes()[:-7])
     table = [

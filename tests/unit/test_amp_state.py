@@ -7,12 +7,12 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
-from hvdtrain import precision
-from hvdtrain.checkpoint import Checkpointer, read_meta
+from hvdtrain.state import loss_scale
+from hvdtrain.state.checkpoint import Checkpointer, read_meta
 from hvdtrain.config import TrainConfig
-from hvdtrain.dist import DistContext
+from hvdtrain.store.dist import DistContext
 from hvdtrain.job import build_checkpointer
-from hvdtrain.epoch import TrainState
+from hvdtrain.state.train_state import TrainState
 
 
 def amp_trainer():
@@ -32,7 +32,7 @@ def test_loss_scale_is_saved_and_restored(tmp_path):
     path = saver.after_epoch(net, trainer, TrainState(epoch=1, step=40), last=True)
     meta = read_meta(path)
     _, resumed = amp_trainer()
-    precision.restore_loss_scale(resumed, meta)
+    loss_scale.restore_loss_scale(resumed, meta)
     restored = resumed._amp_loss_scaler
     assert (restored.loss_scale, restored._next_loss_scale, restored._unskipped) == \
         (2.0 ** 9, 2.0 ** 8, 17)
@@ -43,7 +43,7 @@ def test_without_amp_nothing_is_saved(tmp_path):
     net.initialize()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
     saver = Checkpointer(str(tmp_path))
-    saver.extra = precision.loss_scale_state
+    saver.extra = loss_scale.loss_scale_state
     meta = read_meta(saver.after_epoch(net, trainer, TrainState(epoch=1, step=1), last=True))
     assert "amp_loss_scaler" not in meta
-    precision.restore_loss_scale(trainer, meta)  # no scaler: nothing to do
+    loss_scale.restore_loss_scale(trainer, meta)  # no scaler: nothing to do

@@ -7,8 +7,8 @@ import json
 import subprocess
 import sys
 
-from hvdtrain import cluster
-from hvdtrain.gpus import SUPPORTED_RANGE
+from hvdtrain.check import cluster
+from hvdtrain.store.gpus import SUPPORTED_RANGE
 
 LOCAL = {"python": sys.executable, "hvdtrain": "0.1.0", "hvdtrain_path": "/opt/hvdtrain/hvdtrain",
          "mxnet": "1.9.1", "horovod": "0.28.1", "cuda": True, "nccl": True, "gpus": 2,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from hvdtrain import checkpoint as ckpt
-from hvdtrain import resume_from as resume
-from hvdtrain.checkpoint import CheckpointError, Checkpointer
+from hvdtrain.state import checkpoint as ckpt
+from hvdtrain.state import resume_from as resume
+from hvdtrain.state.checkpoint import CheckpointError, Checkpointer
 
 
 def small_net(units=3):

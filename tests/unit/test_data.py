@@ -3,10 +3,10 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain.data import (CIFAR_RECORD, DatasetError, load_cifar10, load_dataset, load_digits,
+from hvdtrain.data.datasets import (CIFAR_RECORD, DatasetError, load_cifar10, load_dataset, load_digits,
                            make_synthetic, write_cifar_files)
-from hvdtrain.loader import BatchLoader, normalize, random_crop_flip
-from hvdtrain.sampler import SplitSampler
+from hvdtrain.data.loader import BatchLoader, normalize, random_crop_flip
+from hvdtrain.data.sampler import SplitSampler
 
 
 def test_digits_fixed_split():

@@ -13,7 +13,7 @@ import yaml
 import dockerfile
 from helpers import REPO
 from hvdtrain.cli import parse_config
-from hvdtrain.hostfile import read_hostfile
+from hvdtrain.launch.hostfile import read_hostfile
 
 README = open(os.path.join(REPO, "README.md")).read()
 
@@ -202,7 +202,7 @@ def test_kubeflow_mpijob():
 def test_our_warning_agrees_with_horovodrun(text, tmp_path):
     """check-cluster warns about exactly the hostfiles horovodrun's own reader rejects."""
     from horovod.runner.common.util.hosts import parse_host_files, parse_hosts
-    from hvdtrain.hostfile import horovodrun_unreadable
+    from hvdtrain.launch.hostfile import horovodrun_unreadable
     path = tmp_path / "hostfile"
     path.write_text(text)
     try:

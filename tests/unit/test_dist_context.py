@@ -7,8 +7,8 @@ import mxnet as mx
 import pytest
 
 from hvdtrain.config import ConfigError
-from hvdtrain.dist import DistContext, select_devices, share_cpu_threads
-from hvdtrain.log import setup_logging
+from hvdtrain.store.dist import DistContext, select_devices, share_cpu_threads
+from hvdtrain.report.log import setup_logging
 
 
 def test_single_worker_context():

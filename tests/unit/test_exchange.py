@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from hvdtrain.exchange import MIB, BucketedTrainer, plan_buckets
-from hvdtrain.kvstore import HorovodKVStore
+from hvdtrain.store.buckets import MIB, BucketedTrainer, plan_buckets
+from hvdtrain.store.kvstore import HorovodKVStore
 
 
 def test_plan_keeps_one_dtype_per_bucket():

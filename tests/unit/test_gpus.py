@@ -1,6 +1,6 @@
 """GPUs MXNet's CUDA build cannot run on are refused in one line, before any GPU work.
 
-No GPU here: the capability reader (hvdtrain.gpus.read_gpus) and MXNet's GPU count are
+No GPU here: the capability reader (hvdtrain.store.gpus.read_gpus) and MXNet's GPU count are
 faked; only a GPU host shows that read_gpus reads the real capability through libcuda.
 """
 import os
@@ -10,9 +10,10 @@ import mxnet as mx
 import pytest
 
 from helpers import REPO
-from hvdtrain import cli, gpus
+from hvdtrain import cli
+from hvdtrain.store import gpus
 from hvdtrain.config import ConfigError
-from hvdtrain.dist import select_devices
+from hvdtrain.store.dist import select_devices
 
 H100 = gpus.Gpu(0, "NVIDIA H100 80GB HBM3", (9, 0))
 A100 = gpus.Gpu(0, "NVIDIA A100-SXM4-40GB", (8, 0))

@@ -1,8 +1,8 @@
 import mxnet as mx
 import pytest
 
-from hvdtrain.dist import DistContext
-from hvdtrain.guard import FiniteGuard, NonFiniteLoss
+from hvdtrain.store.dist import DistContext
+from hvdtrain.loop.guard import FiniteGuard, NonFiniteLoss
 
 
 def test_guard_names_the_first_bad_step_and_checks_on_schedule():

@@ -8,7 +8,7 @@ import pytest
 from mxnet import autograd, gluon
 
 import hvdtrain  # noqa: F401  registers 'horovod'
-from hvdtrain.kvstore import HorovodKVStore, create_store
+from hvdtrain.store.kvstore import HorovodKVStore, create_store
 
 
 @pytest.fixture(scope="module")

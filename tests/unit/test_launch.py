@@ -6,10 +6,10 @@ import time
 import pytest
 
 from hvdtrain.config import ConfigError
-from hvdtrain.hostfile import Host, HostfileError, parse_hosts, read_hostfile
-from hvdtrain.launch import mpi_argv, parse_args, plan, remote_argv, scheduler_address
-from hvdtrain.remote import exit_status, mpi_role
-from hvdtrain.supervise import Job, Member
+from hvdtrain.launch.hostfile import Host, HostfileError, parse_hosts, read_hostfile
+from hvdtrain.launch.launcher import mpi_argv, parse_args, plan, remote_argv, scheduler_address
+from hvdtrain.launch.remote import exit_status, mpi_role
+from hvdtrain.launch.supervise import Job, Member
 
 
 def test_hostfile_formats_and_comments():
@@ -150,7 +150,7 @@ def test_a_member_that_cannot_start_stops_those_already_started(tmp_path):
 
 
 def test_a_mistyped_worker_command_is_refused_before_anything_starts(capsys):
-    from hvdtrain.launch import main
+    from hvdtrain.launch.launcher import main
     assert main(["-n", "2", "-s", "1", "hvdtrian", "--kvstore", "dist_sync"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "

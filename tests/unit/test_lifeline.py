@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from hvdtrain.lifeline import (EXIT_LAUNCHER_GONE, Ancestor, LauncherWatch, is_alive,
+from hvdtrain.runtime.lifeline import (EXIT_LAUNCHER_GONE, Ancestor, LauncherWatch, is_alive,
                                launcher_chain, launcher_name)
 
 
@@ -22,7 +22,7 @@ def test_launcher_names():
     assert launcher_name(["mpirun", "-np", "2"]) == "mpirun"
     assert launcher_name(["/usr/bin/orted", "-mca"]) == "orted"
     assert launcher_name(["/v/bin/python3.11", "/v/bin/horovodrun", "-np", "2"]) == "horovodrun"
-    assert launcher_name(["python", "/r/hvdtrain/remote.py", "--"]) == "remote.py"
+    assert launcher_name(["python", "/r/hvdtrain/launch/remote.py", "--"]) == "remote.py"
     assert launcher_name(["/bin/sh", "-c", "mpirun -np 2 x"]) == "sh -c mpirun"
     assert launcher_name(["/bin/sh", "-c", "cd /w ; python x"]) == "sh -c"
     assert launcher_name(["bash", "run.sh"]) is None
@@ -74,7 +74,7 @@ def test_a_real_child_leaves_when_its_launcher_is_killed(tmp_path):
     fake_mpirun = tmp_path / "mpirun"
     fake_mpirun.symlink_to("/bin/sh")
     child = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r}); "
-             "from hvdtrain.lifeline import LauncherWatch, launcher_chain; "
+             "from hvdtrain.runtime.lifeline import LauncherWatch, launcher_chain; "
              "w = LauncherWatch(launcher_chain(), interval=0.1).__enter__(); "
              "print(len(w.chain), flush=True); time.sleep(60)")
     launcher = subprocess.Popen([str(fake_mpirun), "-c", f"{sys.executable} -c \"{child}\"; "

@@ -1,8 +1,8 @@
 import io
 import json
 
-from hvdtrain.checkpoint import atomic_write
-from hvdtrain.log import MetricsWriter, setup_logging
+from hvdtrain.state.checkpoint import atomic_write
+from hvdtrain.report.log import MetricsWriter, setup_logging
 
 
 def test_rank0_logs_info_other_ranks_only_warnings():
@@ -49,7 +49,7 @@ def test_an_error_line_is_one_write(monkeypatch):
     import io
     import sys
 
-    from hvdtrain.log import error_line
+    from hvdtrain.report.log import error_line
 
     class Recording(io.StringIO):
         writes = []
@@ -69,7 +69,7 @@ def test_log_lines_go_to_the_current_stderr(monkeypatch):
     import io
     import sys
 
-    from hvdtrain.log import setup_logging
+    from hvdtrain.report.log import setup_logging
 
     logger = setup_logging(rank=0)
     replaced = io.StringIO()

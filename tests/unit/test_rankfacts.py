@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from hvdtrain.data import CIFAR_TEST_FILE, write_cifar_files
-from hvdtrain.preflight import launched_by_mpi, main
-from hvdtrain.rankfacts import COLUMNS, check_data_dir, collect, format_report, judge
+from hvdtrain.data.datasets import CIFAR_TEST_FILE, write_cifar_files
+from hvdtrain.check.preflight import launched_by_mpi, main
+from hvdtrain.check.rankfacts import COLUMNS, check_data_dir, collect, format_report, judge
 
 
 def facts(rank, **changes):
@@ -80,7 +80,7 @@ def test_bad_usage_is_one_line_and_exit_2(argv, capsys):
 def test_single_process_without_launcher():
     # Not the variables an MPI singleton (an hvd.init() in this process) leaves behind.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
-    proc = subprocess.run([sys.executable, "-m", "hvdtrain.preflight", "--size-mb", "0.1",
+    proc = subprocess.run([sys.executable, "-m", "hvdtrain.check.preflight", "--size-mb", "0.1",
                            "--rounds", "1"], capture_output=True, text=True, timeout=120,
                           env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -109,7 +109,7 @@ class _FakeRank:
 def test_allreduce_sums_are_checked(broken):
     import mxnet as mx
 
-    from hvdtrain.preflight import format_bandwidth, measure_allreduce
+    from hvdtrain.check.preflight import format_bandwidth, measure_allreduce
 
     measured = measure_allreduce(_FakeRank(broken), mx.cpu(), size_mb=0.01, rounds=2)
     assert measured["wrong_ranks"] == (1 if broken else 0)

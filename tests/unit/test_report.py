@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from helpers import run_command, tool
-from hvdtrain.plot import load_runs, plot
-from hvdtrain.report import summary_lines
+from hvdtrain.report.plot import load_runs, plot
+from hvdtrain.report.progress import summary_lines
 
 QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1",
          "--batch-size", "32"]
@@ -189,7 +189,7 @@ def test_summary_names_only_what_is_written(tmp_path):
 
 def test_every_flag_says_what_it_means():
     from hvdtrain.cli import build_parser
-    from hvdtrain.launch import build_parser as launch_parser
+    from hvdtrain.launch.launcher import build_parser as launch_parser
     for parser in (build_parser(), launch_parser()):
         for action in parser._actions:  # pylint: disable=protected-access
             meaning = re.sub(r"\(default: [^)]*\)", "", action.help or "").strip()
@@ -203,6 +203,8 @@ def test_help_groups_flags_and_ends_with_examples():
     positions = [text.index(f"\n{group}:\n") for group in
                  ("data", "model", "optimisation", "distribution", "output")]
     assert positions == sorted(positions)
-    assert "(default: 64)" in text and "(default: 0.01)" in text
+    words = " ".join(text.split())  # argparse wraps lines at the terminal's width
+    assert "(default: 64)" in words and "(default: 0.01)" in words
+    assert "(in [0, 1)) (default: 0.9)" in words  # --momentum's range, from its definition
     tail = text[text.index("examples:"):].strip().splitlines()
     assert sum(l.strip().startswith(("hvdtrain", "horovodrun")) for l in tail) == 3

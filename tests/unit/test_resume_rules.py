@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import folder_digest, run_command, tool
-from hvdtrain.checkpoint import CheckpointError
+from hvdtrain.state.checkpoint import CheckpointError
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
 
@@ -60,7 +60,7 @@ def test_resume_with_other_model_dataset_and_optimizer_is_refused(run_copy):
 
 def test_resume_with_other_dtype_is_refused(two_epochs):
     """--dtype float16 needs a GPU to run, so this checks the rule itself."""
-    from hvdtrain.resume import check_compatible  # pylint: disable=import-outside-toplevel
+    from hvdtrain.state.resume import check_compatible  # pylint: disable=import-outside-toplevel
     path = str(two_epochs / "checkpoints" / "epoch-0002")
     meta = json.load(open(os.path.join(path, "meta.json")))
     with pytest.raises(CheckpointError, match=r"--dtype float16 \(checkpoint: float32\)"):

@@ -3,9 +3,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
-from hvdtrain.dist import DistContext
+from hvdtrain.store.dist import DistContext
 from hvdtrain.models import build_model
-from hvdtrain.replicas import average_running_stats, untrained_params
+from hvdtrain.loop.replicas import average_running_stats, untrained_params
 
 DEVICES = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hvdtrain.sampler import SplitSampler
+from hvdtrain.data.sampler import SplitSampler
 
 
 def parts(length, num_parts, **kw):

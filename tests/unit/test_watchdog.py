@@ -2,7 +2,7 @@
 import logging
 import time
 
-from hvdtrain.watchdog import (GLOO_TIMEOUT_ENV, STALL_CHECK_ENV, STALL_SHUTDOWN_ENV,
+from hvdtrain.runtime.watchdog import (GLOO_TIMEOUT_ENV, STALL_CHECK_ENV, STALL_SHUTDOWN_ENV,
                                Watchdog, horovod_stall_env)
 
 

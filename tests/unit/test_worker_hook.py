@@ -1,4 +1,4 @@
-"""The exit hook hvdtrain-launch puts on workers' PYTHONPATH (hvdtrain/worker_hook)."""
+"""The exit hook hvdtrain-launch puts on workers' PYTHONPATH (hvdtrain/launch/worker_hook)."""
 import os
 import subprocess
 import sys
@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from hvdtrain.launch import parse_args, plan
-from hvdtrain.remote import WORKER_HOOK
+from hvdtrain.launch.launcher import parse_args, plan
+from hvdtrain.launch.remote import WORKER_HOOK
 
 # A local whose finalizer blocks, as MXNet's dist KVStore does when a peer never arrives.
 PROGRAM = textwrap.dedent("""

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 
-from hvdtrain import checkpoint as ckpt
-from hvdtrain import log as logmod
-from hvdtrain.resume_from import latest_checkpoint
+from hvdtrain.state import checkpoint as ckpt
+from hvdtrain.report import log as logmod
+from hvdtrain.state.resume_from import latest_checkpoint
 from hvdtrain.config import ConfigError
-from hvdtrain.log import MetricsWriter
-from hvdtrain.writes import OutputError, check_writable_dir, write_failure
+from hvdtrain.report.log import MetricsWriter
+from hvdtrain.state.writes import OutputError, check_writable_dir, write_failure
 from test_checkpoint import small_net, trained
 
 

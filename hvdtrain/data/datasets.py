@@ -1,0 +1,143 @@
+"""The datasets hvdtrain trains on, held in memory as numpy arrays.
+
+Images are kept compact (CIFAR as uint8) and turned into normalised float batches by
+:mod:`hvdtrain.data.loader`, one whole batch at a time.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+
+from ..config import ConfigError
+
+CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
+CIFAR_TEST_FILE = "test_batch.bin"
+CIFAR_RECORD = 1 + 3 * 32 * 32
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+CIFAR_SOURCE = ("download the binary version (cifar-10-binary.tar.gz) from "
+                "https://www.cs.toronto.edu/~kriz/cifar.html and extract it there")
+
+
+class DatasetError(ConfigError):
+    """A dataset that cannot be read; the message is one line for the user."""
+
+
+@dataclass
+class Dataset:
+    """Train and test arrays plus what the model and the loader need to know.
+
+    Images are ``(N, C, H, W)``: uint8 in ``[0, 255]`` when `mean`/`std` are given
+    (normalised per batch), float32 already normalised otherwise.
+    """
+
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+    augment: bool = False
+    mean: Optional[Tuple[float, ...]] = None
+    std: Optional[Tuple[float, ...]] = None
+
+    @property
+    def image_shape(self) -> Tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+
+def load_dataset(name: str, data_dir: Optional[str] = None) -> Dataset:
+    """Load dataset `name` ('cifar10', 'digits' or 'synthetic')."""
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "digits":
+        return load_digits()
+    if name == "synthetic":
+        return make_synthetic()
+    raise DatasetError(f"unknown dataset {name!r}; expected cifar10, digits or synthetic")
+
+
+def _cifar_dir(data_dir: str) -> str:
+    """`data_dir` itself, or the `cifar-10-batches-bin` folder the archive extracts to."""
+    nested = os.path.join(data_dir, "cifar-10-batches-bin")
+    if not os.path.exists(os.path.join(data_dir, CIFAR_TEST_FILE)) and os.path.isdir(nested):
+        return nested
+    return data_dir
+
+
+def read_cifar_file(path: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Read one CIFAR-10 binary file: records of 1 label byte and 3x32x32 pixel bytes."""
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except OSError as err:
+        raise DatasetError(f"cannot read CIFAR-10 file {path}: {err.strerror}") from None
+    if raw.size == 0 or raw.size % CIFAR_RECORD:
+        raise DatasetError(f"{path} is not a CIFAR-10 binary file: {raw.size} bytes is not a "
+                           f"whole number of {CIFAR_RECORD}-byte records (truncated?)")
+    records = raw.reshape(-1, CIFAR_RECORD)
+    labels = records[:, 0].astype(np.int32)
+    if labels.max() > 9:
+        raise DatasetError(f"{path} is not a CIFAR-10 binary file: label {labels.max()} > 9")
+    return records[:, 1:].reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar10(data_dir: Optional[str]) -> Dataset:
+    """CIFAR-10 from the standard binary files in `data_dir`."""
+    if not data_dir:
+        raise DatasetError("--dataset cifar10 needs --data-dir; " + CIFAR_SOURCE)
+    folder = _cifar_dir(data_dir)
+    wanted = CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,)
+    missing = [f for f in wanted if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise DatasetError(f"CIFAR-10 binary files missing in {os.path.abspath(folder)}: "
+                           f"{', '.join(missing)}; {CIFAR_SOURCE}")
+    parts = [read_cifar_file(os.path.join(folder, f)) for f in CIFAR_TRAIN_FILES]
+    test_x, test_y = read_cifar_file(os.path.join(folder, CIFAR_TEST_FILE))
+    return Dataset("cifar10", np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]), test_x, test_y, num_classes=10,
+                   augment=True, mean=CIFAR_MEAN, std=CIFAR_STD)
+
+
+def write_cifar_files(folder: str, num_train: int, num_test: int, seed: int = 0) -> None:
+    """Write random CIFAR-format binary files (for tests and benchmarks; no download).
+
+    The labels are a function of the images' mean brightness, so a model can learn them.
+    """
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    sizes = [num_train // 5 + (1 if i < num_train % 5 else 0) for i in range(5)]
+    for name, count in zip(CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,), sizes + [num_test]):
+        images = rng.integers(0, 256, size=(count, 3 * 32 * 32), dtype=np.uint8)
+        labels = (images.mean(axis=1) * 10 // 256).astype(np.uint8)
+        np.concatenate([labels[:, None], images], axis=1).tofile(os.path.join(folder, name))
+
+
+def load_digits() -> Dataset:
+    """scikit-learn's bundled 8x8 handwritten digits, with a fixed 80/20 split."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError:
+        raise DatasetError("--dataset digits needs scikit-learn: pip install scikit-learn") \
+            from None
+    bunch = sk_digits()
+    images = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    labels = bunch.target.astype(np.int32)
+    order = np.random.default_rng(0).permutation(len(labels))
+    test, train = order[:360], order[360:]
+    return Dataset("digits", images[train], labels[train], images[test], labels[test],
+                   num_classes=10)
+
+
+def make_synthetic(num_train: int = 8192, num_test: int = 1024, seed: int = 0) -> Dataset:
+    """Random uint8 images of CIFAR shape and random labels, for throughput runs."""
+    rng = np.random.default_rng(seed)
+    shape = (3, 32, 32)
+    return Dataset("synthetic",
+                   rng.integers(0, 256, size=(num_train,) + shape, dtype=np.uint8),
+                   rng.integers(0, 10, size=num_train).astype(np.int32),
+                   rng.integers(0, 256, size=(num_test,) + shape, dtype=np.uint8),
+                   rng.integers(0, 10, size=num_test).astype(np.int32),
+                   num_classes=10, augment=False, mean=CIFAR_MEAN, std=CIFAR_STD)

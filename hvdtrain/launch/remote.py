@@ -1,0 +1,146 @@
+"""Run one process of a parameter-server job on behalf of ``hvdtrain-launch``.
+
+Run by path (``python .../hvdtrain/launch/remote.py``), never as ``-m hvdtrain.launch.remote``: importing
+the hvdtrain package imports MXNet, and MXNet turns into a server or scheduler at import time
+when ``DMLC_ROLE`` says so. This file therefore uses the standard library only, and sets the
+role variables for its child alone.
+
+It starts the command in a session of its own and
+
+- with ``--watch-stdin``, kills that session when its standard input closes: a command
+  started over ssh then dies with the launcher's ssh client instead of outliving it;
+- with ``--mpi-role``, takes its role from its MPI rank (0: scheduler, 1..S: servers, the
+  rest: workers) before MXNet is imported, and prefixes its output with that role (and
+  puts the exit hook on a worker's ``PYTHONPATH``, as the launcher does for the others);
+- exits with the command's status (128 + N when killed by signal N).
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+PS_PROCESS = [sys.executable, "-c", "import mxnet"]
+# First on every worker's PYTHONPATH: its sitecustomize makes a failing Python program
+# exit instead of hanging in MXNet's finalizer (see worker_hook/sitecustomize.py).
+WORKER_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_hook")
+
+
+def with_worker_hook(env):
+    """`env` (a worker's environment) with the exit hook first on its ``PYTHONPATH``."""
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != WORKER_HOOK]
+    return dict(env, PYTHONPATH=os.pathsep.join([WORKER_HOOK] + rest))
+
+
+def dmlc_env(role, root_uri, root_port, num_servers, num_workers, node_host=None,
+             interface=None):
+    """The ``DMLC_*`` variables one parameter-server process needs.
+
+    ps-lite advertises the first non-loopback address unless told otherwise, so loopback
+    jobs must pass `node_host` (or `interface`).
+    """
+    env = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(root_port),
+           "DMLC_NUM_SERVER": str(num_servers), "DMLC_NUM_WORKER": str(num_workers)}
+    if node_host:
+        env["DMLC_NODE_HOST"] = node_host
+    if interface:
+        env["DMLC_INTERFACE"] = interface
+    return env
+
+
+def mpi_role(rank, num_servers):
+    """(role, index) of MPI rank `rank`: one scheduler, then servers, then workers."""
+    if rank == 0:
+        return "scheduler", 0
+    if rank <= num_servers:
+        return "server", rank - 1
+    return "worker", rank - 1 - num_servers
+
+
+def exit_status(returncode):
+    """A shell-style exit status for a Popen return code."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _mpi_rank(environ):
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if name in environ:
+            return int(environ[name])
+    raise SystemExit("remote.py --mpi-role: not started by mpirun (no OMPI_COMM_WORLD_RANK)")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="hvdtrain/launch/remote.py")
+    p.add_argument("--watch-stdin", action="store_true")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set for the child only")
+    p.add_argument("--mpi-role", action="store_true")
+    p.add_argument("--num-servers", type=int)
+    p.add_argument("--num-workers", type=int)
+    p.add_argument("--root-uri")
+    p.add_argument("--root-port", type=int)
+    p.add_argument("--node-host")
+    p.add_argument("--interface")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("no command given")
+    return args
+
+
+def _pump(stream, prefix):
+    for line in iter(stream.readline, b""):
+        sys.stdout.buffer.write(prefix + line)
+        sys.stdout.buffer.flush()
+
+
+def main(argv=None):
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in args.env)
+    command, prefix = args.command, None
+    if args.mpi_role:
+        role, index = mpi_role(_mpi_rank(env), args.num_servers)
+        env.update(dmlc_env(role, args.root_uri, args.root_port, args.num_servers,
+                            args.num_workers, args.node_host, args.interface))
+        if role == "worker":
+            env = with_worker_hook(env)
+        else:
+            command = PS_PROCESS
+        prefix = f"[{role} {index}] ".encode()
+    try:
+        child = subprocess.Popen(command, env=env, start_new_session=True,
+                                 stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE if prefix else None,
+                                 stderr=subprocess.STDOUT if prefix else None)
+    except OSError as err:
+        print(f"hvdtrain/launch/remote.py on {os.uname().nodename}: cannot run {command[0]}: "
+              f"{err.strerror}", file=sys.stderr)
+        return 127
+
+    def kill_child(*_):
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, kill_child)
+    if args.watch_stdin:
+        def watch():
+            # os.read, not sys.stdin: a buffered reader's lock held by this thread would
+            # abort the interpreter at shutdown.
+            while os.read(0, 4096):
+                pass
+            kill_child()
+        threading.Thread(target=watch, daemon=True).start()
+    if prefix:
+        _pump(child.stdout, prefix)
+    return exit_status(child.wait())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""One epoch of training: the step every rank repeats, and the state it advances.
+
+One step: split the batch over the worker's devices, forward and backward under autograd,
+``trainer.step(global batch)``. The store *sums* gradients over workers and ``step`` divides
+by the global batch, so the update uses the gradient averaged over the global batch and
+``--lr`` is the rate for that global batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from . import precision
+from .batches import split_batch, zero_gradients
+from ..store.dist import DistContext
+from .evaluate import tally_batch
+from .guard import FiniteGuard
+from ..report.progress import progress_bar
+from ..runtime.watchdog import Watchdog
+from ..state.train_state import TrainState
+
+logger = logging.getLogger("hvdtrain")
+
+PROGRESS_EVERY = 10  # steps between loss and throughput updates of the progress bar
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """Training totals of one epoch over all ranks."""
+
+    loss: float
+    accuracy: float
+    samples: int
+    seconds: float
+    complete: bool = True
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Loop:
+    """What every step of a run uses: the model, its trainer and where it runs."""
+
+    net: object
+    trainer: gluon.Trainer
+    devices: list
+    dist: DistContext
+    lr_for_step: Callable[[int], float]
+    guard: FiniteGuard
+    steps_per_epoch: int = 0
+    max_steps: Optional[int] = None
+    log_interval: int = 0
+    progress: bool = False
+    policy: precision.Precision = precision.Precision()
+    watchdog: Optional[Watchdog] = None
+
+
+def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
+    """Run one epoch (or until `max_steps`) and return its totals over all ranks
+    (this rank's own under ``dist_async``).
+
+    Loss and accuracy accumulate on the device; the host reads them only at log intervals,
+    finite checks and the end of the epoch, so steps are not serialised by host syncs.
+    """
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    dist, device = loop.dist, loop.devices[0]
+    correct = mx.nd.zeros(1, ctx=device)
+    loss_sum = mx.nd.zeros(1, ctx=device)
+    samples = 0
+    bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
+    # Batches of this epoch run before a resume (none in an epoch started afresh).
+    per_epoch = loop.steps_per_epoch or len(loader)
+    done = max(per_epoch - len(loader), 0)
+    ran = 0
+    start = time.perf_counter()
+    for batch, (images, labels) in enumerate(loader, 1):
+        if loop.max_steps is not None and state.step >= loop.max_steps:
+            break
+        # The schedule follows the position in the epoch, so it does not depend on how
+        # many workers earlier epochs ran with (a resumed run may have a different count).
+        loop.trainer.set_learning_rate(
+            loop.lr_for_step(state.epoch * per_epoch + done + batch - 1))
+        xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
+        with autograd.record():
+            outs = [loop.net(x) for x in xs]
+            losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
+        loop.policy.backward(losses, loop.trainer)
+        for idle_device in idle:  # an epoch's last batch had fewer samples than devices
+            zero_gradients(loop.net, xs[0][:1], idle_device)
+        if dist.synchronous:
+            loop.trainer.step(len(labels) * dist.num_workers)
+        else:
+            # Each push is applied alone, and MXNet fixes the servers' rescaling at the
+            # first step: a short last batch is scaled as a full one.
+            loop.trainer.step(loader.batch_size)
+        batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
+        correct += batch_correct
+        loss_sum += batch_loss
+        samples += len(labels)
+        state.step += 1
+        state.epoch_samples += len(labels) * dist.num_workers
+        ran = batch
+        loop.guard.observe(batch_loss, state.step)
+        loop.guard.check(state.step)
+        if loop.watchdog is not None:
+            loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
+        if bar is not None:
+            bar.update(1)
+            if batch % PROGRESS_EVERY == 0:  # reading the loss waits for the device
+                bar.set_postfix(loss=f"{loss_sum.asscalar() / samples:.4f}",
+                                img_s=f"{samples * dist.num_workers / (time.perf_counter() - start):.0f}")
+        elif loop.log_interval and batch % loop.log_interval == 0 and \
+                logger.isEnabledFor(logging.INFO):
+            elapsed = time.perf_counter() - start
+            logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
+                        batch, len(loader), loss_sum.asscalar() / samples,
+                        samples * dist.num_workers / elapsed)
+    if bar is not None:
+        bar.close()
+    loop.guard.check(state.step, force=True)
+    totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
+    totals.wait_to_read()
+    seconds = time.perf_counter() - start
+    if dist.synchronous:
+        totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
+    loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
+    return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
+                      samples=int(seen), seconds=seconds, complete=ran == len(loader))

@@ -1,0 +1,229 @@
+"""A training run: the builders a job calls (trainer, model set-up, loaders) and :func:`fit`,
+which runs epochs of :mod:`hvdtrain.loop.epoch`, evaluates and writes the outputs. It sees a Gluon
+``Trainer`` and a :class:`DistContext`, never a backend.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from . import precision
+from ..state.checkpoint import CHECKPOINTS, Checkpointer
+from ..config import TrainConfig
+from ..data.datasets import Dataset
+from ..store.dist import DistContext
+from .epoch import Loop, train_epoch
+from ..state.train_state import TrainState
+from .evaluate import evaluate
+from ..store.buckets import BucketedTrainer
+from ..store.gluon_internals import set_up_store
+from .guard import FiniteGuard
+from ..data.loader import BatchLoader
+from ..report.log import MetricsWriter
+from .replicas import average_running_stats
+from ..report.progress import TensorBoardWriter, summary_lines
+from ..data.sampler import SplitSampler
+from .schedule import effective_base_lr, lr_at
+from ..runtime.watchdog import Watchdog
+
+logger = logging.getLogger("hvdtrain")
+
+INIT = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2)
+
+
+def build_trainer(net, cfg: TrainConfig, dist: DistContext,
+                  policy: Optional[precision.Precision] = None) -> gluon.Trainer:
+    """A Gluon Trainer over `dist.store`, exchanging gradients in buckets of
+    ``cfg.grad_bucket_mb``. The store only reduces gradients
+    (``update_on_kvstore=False``): every worker applies the same update itself, and the
+    optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
+    run the optimizer and apply each worker's gradient as it arrives. `policy` (default:
+    the configuration's) adds what float16 weights need."""
+    policy = policy or precision.Precision.of(cfg)
+    params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
+              "wd": cfg.wd, **policy.optimizer_options()}
+    if cfg.optimizer in ("sgd", "nag"):
+        params["momentum"] = cfg.momentum
+    # dist_async can only update on the servers (MXNet refuses anything else).
+    update_on_kvstore = None if dist.store is None else not dist.synchronous
+    return BucketedTrainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
+                           update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb)
+
+
+def initialize(net, devices, image_shape, seed: int, rank: int, hybridize: bool = True) -> None:
+    """Initialise `net` on `devices` with its shapes known.
+
+    Gluon defers shapes until the first forward pass, so a dummy forward pass forces them
+    now: the parameters must exist before they can be broadcast. Seeding each rank
+    differently makes a missing broadcast show up as diverging replicas.
+    """
+    mx.random.seed(seed + rank)
+    net.initialize(INIT, ctx=devices)
+    # In training mode: an inference pass lets MKL-DNN convolutions reorder weights into
+    # an internal layout in place, which Horovod's broadcast cannot read.
+    with autograd.train_mode():
+        net(mx.nd.zeros((1,) + tuple(image_shape), ctx=devices[0]))
+    if hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+
+
+def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
+    """Make every rank hold rank 0's parameters before the first training forward pass.
+
+    The Trainer would broadcast only inside its first ``step``, after every rank had already
+    taken a gradient at its own weights, and on a parameter server that broadcast can be
+    reordered with the first gradient push of the same key. So the store is set up and the
+    broadcast run and waited for here.
+
+    `batch_size` is what the first ``step`` will be given: when the servers run the
+    optimizer (``dist_async``) they receive its gradient scaling now, and MXNet refuses a
+    later change.
+    """
+    set_up_store(trainer, batch_size)
+    mx.nd.waitall()
+
+
+def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext, num_devices: int = 1):
+    """Train loader over this rank's padded, shuffled part; test loader over its unpadded
+    shard (each test sample on exactly one rank). Asynchronous workers cannot sum a sharded
+    evaluation, so each scores the whole test set with the weights it holds."""
+    train_sampler = SplitSampler(len(data.train_y), dist.num_workers, dist.rank, shuffle=True,
+                                 seed=cfg.seed, mode=cfg.sampling)
+    test_parts, test_part = (dist.num_workers, dist.rank) if dist.synchronous else (1, 0)
+    test_sampler = SplitSampler(len(data.test_y), test_parts, test_part, pad=False)
+    worker_batch = cfg.batch_size * num_devices
+    common = dict(mean=data.mean, std=data.std, data_workers=cfg.data_workers, seed=cfg.seed)
+    return (BatchLoader(data.train_x, data.train_y, train_sampler, worker_batch,
+                        augment=data.augment, **common),
+            BatchLoader(data.test_x, data.test_y, test_sampler, worker_batch, **common))
+
+
+@dataclass
+class Outputs:
+    """Where a run's results go; every part is a no-op off the root rank."""
+
+    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
+    checkpointer: Optional[Checkpointer] = None
+    tensorboard: Optional[TensorBoardWriter] = None
+    output_dir: Optional[str] = None
+
+    def written(self) -> List[str]:
+        """What this rank writes, for the closing summary: each part only if it is on."""
+        paths = []
+        if self.metrics.path:
+            paths.append(self.metrics.path)
+        if self.checkpointer is not None and self.checkpointer.output_dir:
+            paths.append(os.path.join(self.checkpointer.output_dir, CHECKPOINTS) + "/")
+        if self.output_dir:  # the job saves model.params there after fit()
+            paths.append(os.path.join(self.output_dir, "model.params"))
+        if self.tensorboard is not None and self.tensorboard.writer is not None:
+            paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
+        return paths
+
+
+def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, result,
+                          epoch_length: int) -> None:
+    """Record a stop inside an epoch (``--max-steps``): the epoch is not counted as done;
+    its checkpoint keeps the samples processed so that a resume runs only the rest."""
+    logger.info("stopped at step %d, %d of %d samples into epoch %d  test acc %.4f",
+                state.step, min(state.epoch_samples, epoch_length), epoch_length,
+                state.epoch + 1, result.accuracy)
+    outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
+                          epoch_samples=state.epoch_samples, test_acc=result.accuracy,
+                          test_loss=result.loss, lr=trainer.learning_rate)
+    if outputs.checkpointer is not None:
+        outputs.checkpointer.after_epoch(net, trainer, state, last=True)
+
+
+def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
+        outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
+        watchdog: Optional[Watchdog] = None,
+        policy: Optional[precision.Precision] = None) -> dict:
+    """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
+    each, writing `outputs`; return the final figures. Every completed step beats
+    `watchdog`; `policy` (default: the configuration's) says how the steps compute."""
+    state = state or TrainState()
+    outputs = outputs or Outputs()
+    metrics = outputs.metrics
+    show_progress = logger.isEnabledFor(logging.INFO) and (
+        cfg.progress if cfg.progress is not None else sys.stderr.isatty())
+    train_loader, test_loader = build_loaders(data, cfg, dist, len(devices))
+    steps_per_epoch = len(train_loader)
+    base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
+
+    def lr_for_step(step):
+        return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
+                     cfg.lr_decay_factor)
+
+    loop = Loop(net, trainer, devices, dist, lr_for_step,
+                FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
+                cfg.max_steps, cfg.log_interval, show_progress,
+                policy or precision.Precision.of(cfg), watchdog)
+    logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
+                "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
+                cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
+                train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,
+                cfg.lr_scaling, cfg.kvstore)
+    metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
+                  steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices],
+                  start_epoch=state.epoch, start_step=state.step,
+                  start_epoch_samples=state.epoch_samples)
+    run_start = time.perf_counter()
+    result = None
+    epochs = []
+    while state.epoch < cfg.epochs:
+        if cfg.max_steps is not None and state.step >= cfg.max_steps:
+            break
+        epoch = state.epoch
+        train_loader.sampler.set_epoch(epoch, state.epoch_samples)
+        stats = train_epoch(loop, train_loader, state)
+        # Training stops here until the next epoch: what is evaluated now, checkpointed
+        # below and saved at the end is one model, the same on every rank and device.
+        average_running_stats(net, dist)
+        result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
+                          on_batch=None if watchdog is None else
+                          lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
+        if not stats.complete:
+            _stopped_inside_epoch(net, trainer, state, outputs, result,
+                                  len(data.train_y))
+            break
+        state.epoch += 1
+        state.epoch_samples = 0
+        logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
+                    "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
+                    result.accuracy, stats.samples_per_sec, stats.seconds)
+        record = dict(epoch=epoch, step=state.step, train_loss=stats.loss,
+                      train_acc=stats.accuracy, test_acc=result.accuracy,
+                      test_loss=result.loss, samples_per_sec=stats.samples_per_sec,
+                      epoch_time=stats.seconds, lr=trainer.learning_rate,
+                      num_workers=dist.num_workers, batch_size=cfg.batch_size)
+        epochs.append(record)
+        metrics.write("epoch", **record)
+        if outputs.tensorboard is not None:
+            outputs.tensorboard.epoch(epoch, train_loss=stats.loss, train_acc=stats.accuracy,
+                                      test_loss=result.loss, test_acc=result.accuracy,
+                                      train_samples_per_sec=stats.samples_per_sec,
+                                      train_lr=trainer.learning_rate)
+        stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if outputs.checkpointer is not None:
+            outputs.checkpointer.after_epoch(net, trainer, state,
+                                             last=stopping or state.epoch == cfg.epochs)
+        if stopping:
+            break
+    total_time = time.perf_counter() - run_start
+    test_acc = result.accuracy if result else None
+    metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
+    if outputs.tensorboard is not None:
+        outputs.tensorboard.close()
+    for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
+                              outputs.written()):
+        logger.info("%s", line)
+    return {"test_acc": test_acc, "test_count": result.count if result else 0,
+            "total_time": total_time, "steps": state.step}

@@ -1,0 +1,77 @@
+"""Make every replica hold the same values in the arrays no gradient reaches.
+
+Gluon's Trainer reduces gradients only. Arrays with ``grad_req='null'`` (BatchNorm's
+``running_mean`` and ``running_var``) are updated by each device's own batches and would
+drift apart between devices and ranks; then a sharded evaluation would score several
+different models, and only rank 0's statistics would reach the saved files.
+:func:`average_running_stats` averages them over every device of every rank in a single
+collective. Averaging (rather than DDP's broadcast of rank 0's buffers) brings them closer
+to the statistics of the global batch.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import mxnet as mx
+import numpy as np
+
+from ..store.dist import DistContext
+
+COLLECTIVE_NAME = "running_stats"
+
+
+def untrained_params(net) -> List:
+    """The parameters of `net` that no gradient updates (``grad_req='null'``), in a fixed
+    order (the same on every rank)."""
+    params = net.collect_params()
+    return [params[name] for name in sorted(params.keys()) if params[name].grad_req == "null"]
+
+
+def average_running_stats(net, dist: DistContext) -> int:
+    """Average `net`'s untrained arrays over this worker's devices and over all ranks,
+    and write the average into every copy. Every rank must call it at the same point.
+
+    Floating-point arrays are averaged; any other (integer) array takes rank 0's value.
+    All arrays travel in one float32 buffer, summed by one uncompressed collective
+    (:meth:`DistContext.sum_across_workers`), so every rank ends with bit-identical values.
+    Under ``dist_async`` the workers never meet: only the device copies are averaged.
+
+    Returns
+    -------
+    int
+        Number of arrays averaged (0 when there was nothing to do).
+    """
+    params = untrained_params(net)
+    across_ranks = dist.num_workers > 1 and dist.synchronous
+    if not params or (not across_ranks and len(params[0].list_ctx()) == 1):
+        return 0
+    # Under hybridize(static_alloc=True), MXNet 1.9.1's engine does not know that
+    # BatchNorm's backward writes the running statistics: reading them waits for nothing,
+    # and sees older values. Only waiting for everything makes them current.
+    mx.nd.waitall()
+    cpu = mx.cpu()
+    parts, averaged = [], []
+    for param in params:
+        copies = param.list_data()
+        local = mx.nd.add_n(*[c.as_in_context(cpu).astype("float32") for c in copies])
+        local = local / len(copies)
+        is_float = np.issubdtype(np.dtype(param.dtype), np.floating)
+        if across_ranks and not is_float:
+            local = local * float(dist.rank == 0)  # the sum is then rank 0's value
+        averaged.append(is_float)
+        parts.append(local.reshape(-1))
+    flat = mx.nd.concat(*parts, dim=0)
+    if across_ranks:
+        flat = dist.sum_across_workers(COLLECTIVE_NAME, flat)
+    offset = 0
+    for param, is_float in zip(params, averaged):
+        size = int(np.prod(param.shape))
+        value = flat[offset:offset + size].reshape(param.shape)
+        offset += size
+        if across_ranks and is_float:
+            value = value / dist.num_workers
+        value = value.astype(param.dtype)
+        for copy in param.list_data():
+            value.copyto(copy)
+    mx.nd.waitall()  # and no later untracked write may overtake these copies
+    return len(params)

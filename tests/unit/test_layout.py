@@ -1,0 +1,115 @@
+"""The package's folders are its architecture: lower levels never import higher ones.
+
+Read from the source with :mod:`ast` (nothing is imported), so a module that breaks the rule
+fails here even when the import sits inside a function.
+"""
+import ast
+import os
+import sys
+
+import pytest
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                   "hvdtrain")
+
+# Lowest first. A module may import its own sub-package and anything on a lower level, never
+# a sibling on its own level or anything above it (docs/development.md draws this picture).
+LEVELS = [
+    {"config"},
+    {"launch", "state"},
+    {"report"},
+    {"store", "data", "runtime"},
+    {"loop", "models"},
+    {"check", "job"},
+    {"cli", "__init__"},
+]
+LEVEL = {part: index for index, parts in enumerate(LEVELS) for part in parts}
+
+# The launcher runs on hosts that may lack MXNet (and remote.py runs by path): standard
+# library only, and nothing of hvdtrain but the standard-library-only config module.
+LAUNCH_MAY_IMPORT = {"hvdtrain.config"}
+
+
+def _modules():
+    for folder, _, files in os.walk(PKG):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                dotted = os.path.relpath(path, os.path.dirname(PKG))[:-3].replace(os.sep, ".")
+                yield path, dotted
+
+
+def _imports(path, dotted):
+    """Every module `path` imports, relative imports resolved to absolute names."""
+    package = dotted.split(".") if dotted.endswith("__init__") else dotted.split(".")[:-1]
+    if dotted.endswith("__init__"):
+        package = package[:-1]
+    with open(path, encoding="utf-8") as src:
+        tree = ast.parse(src.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            if node.module:
+                yield module
+            else:  # from . import a, b: each name is a module
+                for alias in node.names:
+                    yield f"{module}.{alias.name}"
+
+
+def _part(dotted):
+    """The layout part a module belongs to: its sub-package, or its own name at top level."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+ALL = sorted(_modules())
+
+
+def test_every_part_of_the_package_has_a_level():
+    parts = {_part(dotted) for _, dotted in ALL}
+    assert parts == set(LEVEL), "a new sub-package or top-level module needs a level here"
+
+
+@pytest.mark.parametrize("path,dotted", ALL, ids=[d for _, d in ALL])
+def test_no_module_imports_its_level_or_above(path, dotted):
+    own = _part(dotted)
+    wrong = sorted(target for target in _imports(path, dotted)
+                   if target.startswith("hvdtrain") and _part(target) != own
+                   and LEVEL[_part(target)] >= LEVEL[own])
+    assert not wrong, f"{dotted} (level {LEVEL[own]}: {own}) imports {wrong}"
+
+
+@pytest.mark.parametrize("path,dotted", [m for m in ALL if _part(m[1]) == "launch"],
+                         ids=[d for _, d in ALL if _part(d) == "launch"])
+def test_the_launcher_uses_the_standard_library_only(path, dotted):
+    stdlib = set(sys.stdlib_module_names)
+    wrong = sorted(
+        target for target in _imports(path, dotted)
+        if not (target.split(".")[0] in stdlib or target == "__future__"
+                or target.startswith("hvdtrain.launch") or target in LAUNCH_MAY_IMPORT))
+    assert not wrong, f"{dotted} imports {wrong}: hvdtrain-launch must not need them"
+
+
+def test_config_is_standard_library_only():
+    """The launcher imports config, so config must not bring in MXNet either."""
+    path = os.path.join(PKG, "config.py")
+    stdlib = set(sys.stdlib_module_names)
+    wrong = [t for t in _imports(path, "hvdtrain.config")
+             if t.split(".")[0] not in stdlib and t != "__future__"]
+    assert not wrong
+
+
+def test_the_rule_catches_an_upward_import(tmp_path):
+    """The checker itself: a store module importing the loop is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from ..loop.fit import fit\n")
+    found = list(_imports(str(bad), "hvdtrain.store.bad"))
+    assert found == ["hvdtrain.loop.fit"]
+    assert LEVEL[_part(found[0])] >= LEVEL["store"]
