@@ -12,7 +12,10 @@ logs one error line and leaves through ``os._exit``; mpirun then sees a failed r
 the rest.
 
 Only launcher processes are watched: a login shell, ``nohup`` or a batch script above the
-launcher may come and go without touching the job. Linux only (reads ``/proc``); elsewhere
+launcher may come and go without touching the job. A launcher counts as gone only when that
+is proven: its ``/proc`` entry no longer exists (ENOENT, ESRCH), it is a zombie, or its pid
+now has another start time. Any other error reading ``/proc`` (EMFILE when this process has
+no file descriptor left, EACCES) means "unknown": warned about once, and watched again. Linux only (reads ``/proc``); elsewhere
 the chain is empty and nothing is watched.
 """
 from __future__ import annotations
@@ -41,14 +44,32 @@ class Ancestor:
     name: str
 
 
+class Unreadable(Exception):
+    """A process's ``/proc`` entry could not be read for a reason that says nothing about the
+    process (a full file-descriptor table, a permission change): neither alive nor gone."""
+
+
 def _stat(pid: int, proc: str):
-    """(parent pid, state, start time) of `pid`, or None when it does not exist."""
+    """(parent pid, state, start time) of `pid`, or None when it provably does not exist
+    (no ``/proc`` entry: ENOENT, or ESRCH for a process that exited while being read).
+
+    Raises
+    ------
+    Unreadable
+        For any other error (EMFILE, ENFILE, ENOMEM, EACCES, a malformed line).
+    """
     try:
         with open(os.path.join(proc, str(pid), "stat"), encoding="utf-8") as src:
-            fields = src.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+            text = src.read()
+    except (FileNotFoundError, ProcessLookupError):
         return None
-    return int(fields[1]), fields[0], fields[19]
+    except OSError as err:
+        raise Unreadable(f"cannot read {proc}/{pid}/stat: {err.strerror or err}") from None
+    try:
+        fields = text.rsplit(")", 1)[1].split()
+        return int(fields[1]), fields[0], fields[19]
+    except (IndexError, ValueError):
+        raise Unreadable(f"cannot parse {proc}/{pid}/stat: {text[:80]!r}") from None
 
 
 def _argv(pid: int, proc: str) -> List[str]:
@@ -84,20 +105,31 @@ def launcher_chain(pid: Optional[int] = None, proc: str = "/proc") -> List[Ances
     the topmost launcher: those belong to whoever started the launcher.
     """
     chain: List[Ancestor] = []
-    stat = _stat(pid or os.getpid(), proc)
-    while stat is not None and stat[0] > 1:
-        parent = stat[0]
-        stat = _stat(parent, proc)
-        name = launcher_name(_argv(parent, proc))
-        if stat is None or name is None:
-            break
-        chain.append(Ancestor(parent, stat[2], name))
+    try:
+        stat = _stat(pid or os.getpid(), proc)
+        while stat is not None and stat[0] > 1:
+            parent = stat[0]
+            stat = _stat(parent, proc)
+            name = launcher_name(_argv(parent, proc))
+            if stat is None or name is None:
+                break
+            chain.append(Ancestor(parent, stat[2], name))
+    except Unreadable as err:  # watch what was found so far rather than fail the start
+        logger.warning("lifeline: %s; watching only %d launcher process(es)", err, len(chain))
     while chain and chain[-1].name == "sh -c":
         chain.pop()
     return chain
 
 
 def is_alive(ancestor: Ancestor, proc: str = "/proc") -> bool:
+    """False only when `ancestor` is provably gone: no ``/proc`` entry, a zombie, or its pid
+    now belongs to another process (another start time).
+
+    Raises
+    ------
+    Unreadable
+        When its entry cannot be read: whether it lives is unknown.
+    """
     stat = _stat(ancestor.pid, proc)
     return stat is not None and stat[1] not in ("Z", "X") and stat[2] == ancestor.start_time
 
@@ -123,11 +155,25 @@ class LauncherWatch:
         self._exit = exit
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._warned = False
 
     def check(self) -> bool:
-        """Exit if a launcher process is gone; return whether one was."""
+        """Exit if a launcher process is provably gone; return whether one was.
+
+        A ``/proc`` entry that cannot be read (e.g. EMFILE: this process has no file
+        descriptor left) proves nothing: it is warned about once and checked again later.
+        """
         for ancestor in self.chain:
-            if not is_alive(ancestor, self.proc):
+            try:
+                alive = is_alive(ancestor, self.proc)
+            except Unreadable as err:
+                if not self._warned:
+                    logger.warning("%s: cannot tell whether its launcher %s (pid %d) is alive "
+                                   "(%s); still watching", self.describe(), ancestor.name,
+                                   ancestor.pid, err)
+                    self._warned = True
+                continue
+            if not alive:
                 logger.error("%s: its launcher %s (pid %d) is gone, so the job was stopped; "
                              "exiting", self.describe(), ancestor.name, ancestor.pid)
                 for handler in logger.handlers:

@@ -99,3 +99,51 @@ def _running(pid):
             return src.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+EMFILE_CHILD = """
+import os, resource, sys
+from hvdtrain.runtime.lifeline import Ancestor, LauncherWatch
+parent = os.getppid()
+with open(f"/proc/{parent}/stat") as src:
+    start = src.read().rsplit(")", 1)[1].split()[19]
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(open(os.devnull))
+except OSError as err:
+    print("filled:", err.strerror, flush=True)
+exits = []
+watch = LauncherWatch([Ancestor(parent, start, "mpirun")], describe=lambda: "rank 1",
+                      exit=exits.append)
+print("ended:", watch.check(), watch.check(), exits, flush=True)
+"""
+
+
+def test_a_full_descriptor_table_does_not_end_a_healthy_rank():
+    """EMFILE while reading the (alive) launcher's /proc entry proves nothing: keep
+    watching, warn once."""
+    proc = subprocess.run([sys.executable, "-c", EMFILE_CHILD], capture_output=True, text=True,
+                          timeout=60, cwd=os.getcwd())
+    assert "filled: Too many open files" in proc.stdout, proc.stderr
+    assert "ended: False False []" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.count("cannot tell whether its launcher mpirun") == 1, proc.stderr
+
+
+def test_a_vanished_launcher_ends_the_rank():
+    gone = subprocess.Popen(["true"])
+    with open(f"/proc/{gone.pid}/stat") as src:
+        start = src.read().rsplit(")", 1)[1].split()[19]
+    gone.wait()  # reaped: its /proc entry is gone (ENOENT)
+    exits = []
+    watch = LauncherWatch([Ancestor(gone.pid, start, "mpirun")], exit=exits.append)
+    assert watch.check() and exits == [EXIT_LAUNCHER_GONE]
+
+
+def test_an_unreadable_entry_is_unknown_not_gone(tmp_path):
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "stat").mkdir()  # reading it fails with EISDIR, not ENOENT
+    exits = []
+    watch = LauncherWatch([Ancestor(7, "1007", "mpirun")], proc=str(tmp_path), exit=exits.append)
+    assert not watch.check() and exits == []
