@@ -22,7 +22,8 @@ from typing import Dict, List, Optional
 
 from ..config import ConfigError
 from .hostfile import Host, read_hostfile
-from .remote import PS_PROCESS, dmlc_env, with_worker_hook
+from .remote import SCHEDULER_PROCESS, dmlc_env
+from .runner import command_argv, runner_argv
 from .supervise import Job, Member
 
 # Passed to every process (remote ones too) so that a command found here is found there.
@@ -91,9 +92,10 @@ def check_command(command: List[str], hosts: List[Host]) -> None:
     """
     if hosts and not all(h.is_loopback for h in hosts):
         return
-    if shutil.which(command[0]) is None:
-        what = "is not an executable file" if os.sep in command[0] else "is not on PATH"
-        raise ConfigError(f"worker command {command[0]!r} not found: it {what} (a typo?)")
+    program = command_argv(command)[0]
+    if shutil.which(program) is None:
+        what = "is not an executable file" if os.sep in program else "is not on PATH"
+        raise ConfigError(f"worker command {program!r} not found: it {what} (a typo?)")
 
 
 def free_port(host: str = "") -> int:
@@ -131,8 +133,6 @@ def plan(args, hosts: List[Host], root_uri: str, root_port: int) -> List[Dict]:
             host = hosts[index % len(hosts)] if hosts else None
             node = None if args.interface else (host.address if host else LOOPBACK)
             env = {**passed, **extra, **dmlc_env(role, node_host=node, **common)}
-            if role == "worker":  # a failing worker program must exit, not hang
-                env = with_worker_hook(env)
             procs.append(dict(role=role, index=index, host=host, env=env))
     for proc in procs:
         if proc["role"] == "worker":
@@ -164,7 +164,10 @@ def remote_argv(args, proc, command, workdir) -> List[str]:
 def members(args, procs, workdir) -> List[Member]:
     out = []
     for proc in procs:
-        command = args.command if proc["role"] == "worker" else PS_PROCESS
+        # Servers run the user's command too, as launch.py does: ``import mxnet`` turns them
+        # into servers, which can then unpickle what the workers' program defines.
+        command = (SCHEDULER_PROCESS if proc["role"] == "scheduler"
+                   else runner_argv(args.command))
         name = f"{proc['role']} {proc['index']}" if proc["role"] != "scheduler" else "scheduler"
         if proc["host"] is None:
             env = {**os.environ, **proc["env"]}

@@ -10,8 +10,8 @@ It starts the command in a session of its own and
 - with ``--watch-stdin``, kills that session when its standard input closes: a command
   started over ssh then dies with the launcher's ssh client instead of outliving it;
 - with ``--mpi-role``, takes its role from its MPI rank (0: scheduler, 1..S: servers, the
-  rest: workers) before MXNet is imported, and prefixes its output with that role (and
-  puts the exit hook on a worker's ``PYTHONPATH``, as the launcher does for the others);
+  rest: workers) before MXNet is imported, and prefixes its output with that role; servers
+  and workers run the command through ``runner.py``, as the launcher does for the others;
 - exits with the command's status (128 + N when killed by signal N).
 """
 import argparse
@@ -21,16 +21,10 @@ import subprocess
 import sys
 import threading
 
-PS_PROCESS = [sys.executable, "-c", "import mxnet"]
-# First on every worker's PYTHONPATH: its sitecustomize makes a failing Python program
-# exit instead of hanging in MXNet's finalizer (see worker_hook/sitecustomize.py).
-WORKER_HOOK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_hook")
-
-
-def with_worker_hook(env):
-    """`env` (a worker's environment) with the exit hook first on its ``PYTHONPATH``."""
-    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != WORKER_HOOK]
-    return dict(env, PYTHONPATH=os.pathsep.join([WORKER_HOOK] + rest))
+# The scheduler runs no user code: MXNet alone. Servers and workers run the user's command
+# through runner.py (beside this file).
+SCHEDULER_PROCESS = [sys.executable, "-c", "import mxnet"]
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 
 
 def dmlc_env(role, root_uri, root_port, num_servers, num_workers, node_host=None,
@@ -106,10 +100,10 @@ def main(argv=None):
         role, index = mpi_role(_mpi_rank(env), args.num_servers)
         env.update(dmlc_env(role, args.root_uri, args.root_port, args.num_servers,
                             args.num_workers, args.node_host, args.interface))
-        if role == "worker":
-            env = with_worker_hook(env)
+        if role == "scheduler":
+            command = SCHEDULER_PROCESS
         else:
-            command = PS_PROCESS
+            command = [sys.executable, RUNNER, "--"] + command
         prefix = f"[{role} {index}] ".encode()
     try:
         child = subprocess.Popen(command, env=env, start_new_session=True,
