@@ -137,17 +137,22 @@ def exit_code(code):
     return code & 0xFF if isinstance(code, int) else 1
 
 
-def keep_stores_alive():
-    """Never finalize a live MXNet KVStore: a dist store's finalizer waits at a ps-lite barrier
-    for workers that wait for this one."""
+def skip_exit_barriers():
+    """Let every live MXNet KVStore shut down without ps-lite's exit barrier.
+
+    A dist store's finalizer otherwise waits at that barrier for workers that are waiting for
+    this one. MXNet's C API has the switch (``MXKVStoreSetBarrierBeforeExit``, declared in
+    ``c_api.h``); its Python API does not wrap it.
+    """
     kvstore = sys.modules.get("mxnet.kvstore.kvstore")
     if kvstore is None:
         return
     import ctypes  # pylint: disable=import-outside-toplevel
     import gc  # pylint: disable=import-outside-toplevel
+    lib = sys.modules["mxnet.base"]._LIB  # pylint: disable=protected-access
     for obj in gc.get_objects():
         if isinstance(obj, kvstore.KVStore):
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+            lib.MXKVStoreSetBarrierBeforeExit(obj.handle, ctypes.c_int(0))
 
 
 def _user_traceback(tb):
@@ -195,12 +200,12 @@ def run(kind, target, args):
         kept = _run_target(kind, target)  # its globals live until shutdown, as alone
     except SystemExit as stop:
         if exit_code(stop.code):
-            keep_stores_alive()
+            skip_exit_barriers()
         elif server and not _from_server(stop.__traceback__):
             _not_a_server()
         raise
     except BaseException as exc:  # pylint: disable=broad-except
-        keep_stores_alive()
+        skip_exit_barriers()
         tb = _user_traceback(exc.__traceback__)
         if isinstance(exc, KeyboardInterrupt):
             raise exc.with_traceback(tb)
