@@ -207,6 +207,7 @@ def run(kind, target, args):
     except BaseException as exc:  # pylint: disable=broad-except
         skip_exit_barriers()
         tb = _user_traceback(exc.__traceback__)
+        exc.with_traceback(tb)  # Python prints the exception's own traceback, not `tb`
         if isinstance(exc, KeyboardInterrupt):
             raise exc.with_traceback(tb)
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb

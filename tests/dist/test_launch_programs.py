@@ -55,3 +55,27 @@ def test_a_correct_program_exits_and_writes_as_it_does_alone(mode, site, tmp_pat
     assert files(alone), reference.stdout  # the reference did something to compare with
     assert files(launched) == files(alone), proc.stdout[-3000:]
     assert proc.returncode == reference.returncode, proc.stdout[-3000:]
+
+
+APP = os.path.join(HERE, "ps_app")
+
+
+@pytest.mark.parametrize("form", ["argv", "one-string"])
+def test_servers_load_the_optimizer_from_the_users_module(form):
+    # launch.py's form: the whole command as one string (run through a shell).
+    program = [sys.executable, os.path.join(APP, "train.py")]
+    command = [" ".join(program)] if form == "one-string" else program
+    proc = run_command([tool("hvdtrain-launch"), "-n", "2", "-s", "2" if form == "one-string"
+                        else "1"] + command, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    found = sorted(re.findall(r"worker (\d): w = \[(.*)\]", proc.stdout))
+    assert found == [("0", "0.0, 0.0, 0.0"), ("1", "0.0, 0.0, 0.0")], proc.stdout[-3000:]
+
+
+def test_an_optimizer_a_server_cannot_load_ends_the_job_in_one_line():
+    proc = run_command([tool("hvdtrain-launch"), "-n", "2", "-s", "1", sys.executable,
+                        os.path.join(APP, "inline_optimizer.py")], timeout=TIMEOUT)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    errors = [l for l in proc.stdout.splitlines() if "error" in l.lower()]
+    assert len(errors) == 1 and "Can't get attribute 'InlineSGD'" in errors[0], proc.stdout
+    assert "Traceback" not in proc.stdout and " w = " not in proc.stdout, proc.stdout[-3000:]

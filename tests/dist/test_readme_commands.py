@@ -20,6 +20,7 @@ from helpers import BIN, REPO, run_command
 from hvdtrain.cli import parse_config
 from hvdtrain.data.datasets import write_cifar_files
 from hvdtrain.launch.launcher import parse_args as parse_launch_args
+from hvdtrain.launch.runner import command_argv
 from hvdtrain.check.preflight import build_parser as preflight_parser
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
@@ -236,7 +237,8 @@ def test_documented_command(command, workspace, request):
         args = horovodrun_args(argv[1:])
         check_program(args.command)
     elif first == "hvdtrain-launch":
-        check_program(parse_launch_args(argv[1:]).command)
+        # One quoted string is read as launch.py's bash reads it.
+        check_program(command_argv(parse_launch_args(argv[1:]).command))
     elif first == "hvdtrain":
         if "--help" in argv:
             parse_or_help = run_command([os.path.join(BIN, "hvdtrain"), "--help"], timeout=60)

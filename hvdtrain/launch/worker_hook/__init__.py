@@ -1,1 +1,0 @@
-"""The folder hvdtrain-launch puts first on its workers' PYTHONPATH (see sitecustomize)."""
