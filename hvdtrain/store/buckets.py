@@ -14,8 +14,9 @@ buffer. A grouped allreduce of separate arrays would instead copy every gradient
 Horovod's fusion buffer and back out, about 40% of the exchange on a 2-core host.
 
 The Trainer's contract holds whatever is done to the parameters (docs/performance.md,
-"Gradient buckets"): gradients Gluon re-creates are found at the next step and the buckets
-re-planned, and a gradient that backward writes elsewhere than its bucket is copied in.
+"Gradient buckets and Gluon's contract"): gradients Gluon re-creates are found at the next
+step and the buckets re-planned, and a gradient that backward writes elsewhere than its
+bucket is copied in.
 """
 from __future__ import annotations
 
