@@ -52,15 +52,9 @@ def gradient_lists(params: Sequence) -> list:
     return [param._grad for param in params]  # pylint: disable=protected-access
 
 
-def data_handles(params: Sequence) -> List[NDArrayHandle]:
-    """The C handles of every parameter's data arrays, device by device."""
-    return [array.handle for param in params
-            for array in param._data]  # pylint: disable=protected-access
-
-
-def bound_gradient_addresses(handles: Sequence[NDArrayHandle]) -> List[Optional[int]]:
-    """Where backward will write the gradient of each data array: the start address of the
-    array autograd holds for it (None if it has none).
+def bound_gradient_addresses(arrays: Sequence[mx.nd.NDArray]) -> List[Optional[int]]:
+    """Where backward will write the gradient of each of `arrays` (parameters' data): the
+    start address of the array autograd holds for it (None if it has none).
 
     This is not always the array the parameter lists: a graph hybridized with
     ``static_alloc=True, static_shape=True`` binds the gradient arrays it first ran backward
@@ -71,8 +65,8 @@ def bound_gradient_addresses(handles: Sequence[NDArrayHandle]) -> List[Optional[
     grad, data = NDArrayHandle(), ctypes.c_void_p()
     out, address = ctypes.byref(grad), ctypes.byref(data)
     addresses = []
-    for handle in handles:
-        check_call(get_grad(handle, out))
+    for array in arrays:
+        check_call(get_grad(array.handle, out))
         if not grad.value:
             addresses.append(None)
             continue
