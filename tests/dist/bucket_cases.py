@@ -160,6 +160,9 @@ def run_case(name, mode, store, out_dir):
             actions(run, path)
         else:
             actions(run)
+        # Under static_alloc the engine does not track BatchNorm's write of its running
+        # statistics in backward (docs/training.md): wait for it before reading them.
+        mx.nd.waitall()
         names = list(net.collect_params().keys())
         finals[bucketed] = [p.data(run.devices[-1]).astype("float64").asnumpy()
                             for p in net.collect_params().values()]
