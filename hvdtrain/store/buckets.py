@@ -116,7 +116,7 @@ class BucketedTrainer(gluon.Trainer):
         self._flat_grads: List[List[mx.nd.NDArray]] = []  # per bucket, one per device
         self._grad_lists: list = []  # Gluon's gradient list of each parameter at the plan
         self._views: list = []  # (param, device, view) of every bucketed gradient
-        self._data: list = []  # their parameters' data arrays, in the same order
+        self._bucketed_data: list = []  # their parameters' data arrays, in the same order
         self._addresses: list = []  # where backward writes into each view
         self._warned_copies = False
         super().__init__(*args, **kwargs)
@@ -142,8 +142,8 @@ class BucketedTrainer(gluon.Trainer):
         in_buckets = [self._params[i] for bucket in self.buckets for i in bucket]
         self._views = [(param, device, grad) for param in in_buckets
                        for device, grad in enumerate(param.list_grad())]
-        self._data = [param.list_data()[device] for param, device, _ in self._views]
-        self._addresses = bound_gradient_addresses(self._data)
+        self._bucketed_data = [param.list_data()[device] for param, device, _ in self._views]
+        self._addresses = bound_gradient_addresses(self._bucketed_data)
         self.replans += 1
 
     def _plan(self) -> List[List[int]]:
@@ -182,7 +182,7 @@ class BucketedTrainer(gluon.Trainer):
         under ``grad_req='add'``, added and the array zeroed) into the view, and the view is
         offered to backward again: a graph rebuilt since (``hybridize()`` again, or after a
         forward pass outside ``autograd.record()``) writes into it directly."""
-        now = bound_gradient_addresses(self._data)
+        now = bound_gradient_addresses(self._bucketed_data)
         if now == self._addresses:
             return
         strays = [k for k, (seen, planned) in enumerate(zip(now, self._addresses))

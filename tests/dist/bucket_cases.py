@@ -74,6 +74,14 @@ class Run:
             self.step()
 
 
+def settle():
+    """Wait for the last backward pass. Under static_alloc the engine does not track
+    BatchNorm's write of its running statistics (docs/training.md): an action that reads or
+    overwrites them (reset_ctx, cast, load_parameters) could otherwise race with it, in
+    either net."""
+    mx.nd.waitall()
+
+
 def case_backward_before_setup(run):
     run.train(4)  # the Trainer sets up its store (and the buckets) inside its first step
 
@@ -107,6 +115,7 @@ def case_grad_add(run):
 
 def case_reset_ctx(run):
     run.train(2)
+    settle()
     run.net.collect_params().reset_ctx(OTHER)
     run.devices = [OTHER]
     run.train(3)
@@ -114,6 +123,7 @@ def case_reset_ctx(run):
 
 def case_cast(run):
     run.train(2)
+    settle()
     run.net.cast("float64")
     run.dtype = "float64"
     run.train(3)
@@ -121,6 +131,7 @@ def case_cast(run):
 
 def case_load_parameters(run, path):
     run.train(2)
+    settle()
     run.net.load_parameters(path, ctx=run.devices)
     run.train(3)
 
@@ -160,17 +171,16 @@ def run_case(name, mode, store, out_dir):
             actions(run, path)
         else:
             actions(run)
-        # Under static_alloc the engine does not track BatchNorm's write of its running
-        # statistics in backward (docs/training.md): wait for it before reading them.
-        mx.nd.waitall()
+        settle()
         names = list(net.collect_params().keys())
         finals[bucketed] = [p.data(run.devices[-1]).astype("float64").asnumpy()
                             for p in net.collect_params().values()]
         if bucketed:
             report = {"buckets": len(trainer.buckets), "replans": trainer.replans,
                       "copied": trainer.copied_gradients}
-    report["max_diff"] = max(float(np.max(np.abs(a - b)))
-                             for a, b in zip(finals[True], finals[False]))
+    diffs = [float(np.max(np.abs(a - b))) for a, b in zip(finals[True], finals[False])]
+    report["max_diff"] = max(diffs)
+    report["worst"] = names[int(np.argmax(diffs))]  # to say where a difference lies
     # BatchNorm's running statistics follow each rank's own batches; the rest must agree.
     trained = [a.ravel() for name, a in zip(names, finals[True])
                if not name.endswith(("running_mean", "running_var"))]
