@@ -3,33 +3,40 @@
 Gluon's Trainer hands the store one ``pushpull`` per parameter. Horovod then fuses whatever
 happens to be ready within one cycle, so which gradients travel together, and how many
 collectives a step costs, depends on timing. :class:`BucketedTrainer` instead plans fixed
-buckets once, in the order backward produces gradients (last layer first), and reduces each
-bucket with one grouped call as soon as its last gradient is computed: the first buckets
-travel while backward is still running through the early layers, the same plan runs on
-every rank, and fusion is the same every step.
+buckets once, in the order backward produces gradients (last layer first), one dtype per
+bucket, and reduces each bucket with one call: the same plan runs on every rank, and fusion
+is the same every step.
 
 The buckets copy nothing. Each bucket's gradients live as views into one flat buffer per
 device (as PyTorch DDP's ``gradient_as_bucket_view``): backward writes each gradient
 straight into its slice, and the bucket is reduced by one in-place allreduce of the flat
 buffer. A grouped allreduce of separate arrays would instead copy every gradient into
 Horovod's fusion buffer and back out, about 40% of the exchange on a 2-core host.
+
+The Trainer's contract holds whatever is done to the parameters (docs/performance.md,
+"Gradient buckets and Gluon's contract"): gradients Gluon re-creates are found at the next
+step and the buckets re-planned, and a gradient that backward writes elsewhere than its
+bucket is copied in.
 """
 from __future__ import annotations
 
+import logging
 from typing import List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
-from .gluon_internals import rehome_gradient
+from .gluon_internals import (bound_gradient, bound_gradient_addresses, gradient_lists,
+                              rehome_gradient)
 
 MIB = 2 ** 20
+logger = logging.getLogger("hvdtrain")
 
 
 def plan_buckets(sizes: Sequence[int], bucket_bytes: int,
                  dtypes: Optional[Sequence] = None) -> List[List[int]]:
-    """Group parameter positions into buckets of at most `bucket_bytes`.
+    """Group parameter positions into buckets of at most `bucket_bytes`, one dtype each.
 
     Parameters
     ----------
@@ -40,27 +47,28 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int,
         0 puts every parameter in a bucket of its own.
     dtypes : sequence, optional
         Each gradient's dtype: a bucket holds one dtype only (it becomes one flat buffer).
+        Each dtype fills its own open bucket, so a float16 model whose BatchNorm layers
+        stay float32 gets about as many buckets as a float32 one.
 
     Returns
     -------
     list of list of int
-        Positions into `sizes`, starting from the last parameter (the first gradient
-        backward produces); each bucket lists its positions in decreasing order.
+        Positions into `sizes`, each bucket's in decreasing order; buckets ordered by
+        their first position, from the last parameter (the first gradient backward
+        produces) on.
     """
     buckets: List[List[int]] = []
-    current: List[int] = []
-    filled = 0
+    open_buckets = {}  # dtype -> [positions, bytes]
     for position in reversed(range(len(sizes))):
         size = sizes[position]
-        other_dtype = dtypes is not None and current and dtypes[position] != dtypes[current[0]]
-        if current and (filled + size > bucket_bytes or other_dtype):
-            buckets.append(current)
-            current, filled = [], 0
-        current.append(position)
-        filled += size
-    if current:
-        buckets.append(current)
-    return buckets
+        current = open_buckets.setdefault(None if dtypes is None else dtypes[position], [[], 0])
+        if current[0] and current[1] + size > bucket_bytes:
+            buckets.append(current[0])
+            current[:] = [[], 0]
+        current[0].append(position)
+        current[1] += size
+    buckets.extend(positions for positions, _ in open_buckets.values() if positions)
+    return sorted(buckets, key=lambda bucket: -bucket[0])
 
 
 class BucketedTrainer(gluon.Trainer):
@@ -80,10 +88,21 @@ class BucketedTrainer(gluon.Trainer):
     or at it), each bucket's gradients are moved into one flat buffer per device, keeping
     their values; from then on ``param.grad()`` is a view into that buffer.
 
+    Each step first checks, without waiting for the device, that the plan still holds:
+    gradients Gluon re-created since (``grad_req`` changed, ``reset_ctx``, ``cast``) make it
+    re-plan the buckets; a gradient that backward wrote elsewhere than its view (a graph
+    hybridized with ``static_alloc`` that ran backward before the buckets existed keeps its
+    own arrays) is copied into its bucket, and the view offered to backward again.
+
     Attributes
     ----------
     buckets : list of list of int
         The Trainer's parameter positions in each bucket, in reduction order.
+    replans : int
+        How often the buckets were planned again after the first plan.
+    copied_gradients : int
+        How many gradients were copied into their buckets because backward had written
+        them elsewhere (0 while every gradient is written in place).
     """
 
     GROUPING_STORES = ("horovod",)
@@ -91,14 +110,22 @@ class BucketedTrainer(gluon.Trainer):
     def __init__(self, *args, bucket_mb: float = 0.0, **kwargs):
         self._bucket_bytes = int(bucket_mb * MIB)
         self.buckets: List[List[int]] = []  # parameter positions; planned with the store
+        self.replans = -1  # the first plan makes it 0
+        self.copied_gradients = 0
+        self._bucketed = False  # whether this store reduces in buckets at all
         self._flat_grads: List[List[mx.nd.NDArray]] = []  # per bucket, one per device
+        self._grad_lists: list = []  # Gluon's gradient list of each parameter at the plan
+        self._views: list = []  # (param, device, view) of every bucketed gradient
+        self._bucketed_data: list = []  # their parameters' data arrays, in the same order
+        self._addresses: list = []  # where backward writes into each view
+        self._warned_copies = False
         super().__init__(*args, **kwargs)
 
     def _init_kvstore(self):
         # The store, and whether it reduces gradients only, are known from here on.
         super()._init_kvstore()
-        self.buckets = self._plan() if self._bucketing() else []
-        self._flat_grads = [self._flatten(bucket) for bucket in self.buckets]
+        self._bucketed = self._bucketing()
+        self._replan()
 
     def _bucketing(self) -> bool:
         store = self._kvstore
@@ -106,6 +133,18 @@ class BucketedTrainer(gluon.Trainer):
                 and store.type in self.GROUPING_STORES
                 and all(p.grad_req == "null" or p.list_grad()[0].stype == "default"
                         for p in self._params))
+
+    def _replan(self) -> None:
+        """Plan the buckets from the gradients as they are now and move them in."""
+        self.buckets = self._plan() if self._bucketed else []
+        self._flat_grads = [self._flatten(bucket) for bucket in self.buckets]
+        self._grad_lists = gradient_lists(self._params)
+        in_buckets = [self._params[i] for bucket in self.buckets for i in bucket]
+        self._views = [(param, device, grad) for param in in_buckets
+                       for device, grad in enumerate(param.list_grad())]
+        self._bucketed_data = [param.list_data()[device] for param, device, _ in self._views]
+        self._addresses = bound_gradient_addresses(self._bucketed_data)
+        self.replans += 1
 
     def _plan(self) -> List[List[int]]:
         reduced = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
@@ -126,17 +165,64 @@ class BucketedTrainer(gluon.Trainer):
             for param, grad in zip(params, grads):
                 view = flat[offset:offset + grad.size].reshape(grad.shape)
                 grad.copyto(view)  # a gradient backward already wrote (store set up lazily)
+                if param.grad_req == "add":
+                    # A graph that keeps writing `grad` adds to it: start it from zero, so
+                    # what it adds can be added to the view (_copy_stray_gradients).
+                    grad[:] = 0
                 rehome_gradient(param, device, view)
                 offset += grad.size
             flats.append(flat)
         return flats
 
+    def _copy_stray_gradients(self) -> None:
+        """Bring into the buckets every gradient backward wrote elsewhere than its view.
+
+        A static_alloc graph that ran backward before the buckets existed keeps writing the
+        arrays it ran with, and hands those back to autograd. Their values are copied (or,
+        under ``grad_req='add'``, added and the array zeroed) into the view, and the view is
+        offered to backward again: a graph rebuilt since (``hybridize()`` again, or after a
+        forward pass outside ``autograd.record()``) writes into it directly."""
+        now = bound_gradient_addresses(self._bucketed_data)
+        if now == self._addresses:
+            return
+        strays = [k for k, (seen, planned) in enumerate(zip(now, self._addresses))
+                  if seen != planned]
+        # All read before any is offered again: offering marks every device of a parameter.
+        written = [bound_gradient(*self._views[k][:2]) for k in strays]
+        for k, array in zip(strays, written):
+            param, _, view = self._views[k]
+            if array is None:
+                continue
+            if param.grad_req == "add":
+                view += array
+                array[:] = 0
+            else:
+                array.copyto(view)
+        for k in strays:
+            rehome_gradient(*self._views[k])
+        self.copied_gradients += len(strays)
+        if not self._warned_copies:
+            self._warned_copies = True
+            logger.warning("%d gradients are written by backward outside their bucket (a "
+                           "graph hybridized with static_alloc ran backward before the "
+                           "buckets were set up): they are copied in each step until that "
+                           "graph is rebuilt. To avoid the copies, set the trainer up before "
+                           "the first backward (hvdtrain.broadcast_parameters) or "
+                           "hybridize() the net again after its first step.", len(strays))
+
     def _allreduce_grads(self):
+        if self._bucketed and any(now is not planned for now, planned in
+                                  zip(gradient_lists(self._params), self._grad_lists)):
+            self._replan()
+            logger.info("gradients were re-created (grad_req, reset_ctx or cast): "
+                        "%d gradient buckets planned again", len(self.buckets))
         if not self.buckets:
             super()._allreduce_grads()
             return
+        self._copy_stray_gradients()
         for bucket, flats in zip(self.buckets, self._flat_grads):
             # Same rule as the Trainer's per-key priority: earlier layers, needed first by
             # the next forward pass, rank higher in MXNet's engine. The key names the
-            # bucket by its first parameter: the same on every rank.
-            self._kvstore.pushpull(f"bucket.{bucket[0]}", flats, priority=-min(bucket))
+            # bucket by its first parameter (and the plan): the same on every rank.
+            key = f"bucket.{bucket[0]}" + (f".{self.replans}" if self.replans else "")
+            self._kvstore.pushpull(key, flats, priority=-min(bucket))

@@ -1,16 +1,21 @@
 """The private corners of MXNet 1.9's Gluon that hvdtrain relies on, in one place.
 
 Gluon has no public way to set up a Trainer's store before its first step
-(:func:`set_up_store`), or to give a parameter a gradient array of the caller's choosing
-(:func:`rehome_gradient`). Both are needed (the broadcast before
-the first forward pass, zero-copy gradient buckets), so the private calls live here,
-behind a version check: a different MXNet fails loudly at import instead of training
-subtly wrong.
+(:func:`set_up_store`), to give a parameter a gradient array of the caller's choosing
+(:func:`rehome_gradient`), or to see which array backward will really write a gradient into
+(:func:`bound_gradient_addresses`). All are needed (the broadcast before the first forward
+pass, zero-copy gradient buckets that stay correct whatever the user does to parameters), so
+the private calls live here, behind a version check: a different MXNet fails loudly at
+import instead of training subtly wrong.
 """
 from __future__ import annotations
 
+import ctypes
+from typing import List, Optional, Sequence
+
 import mxnet as mx
 from mxnet import autograd
+from mxnet.base import NDArrayHandle, _LIB, check_call
 
 SUPPORTED = ("1.9.",)
 if not mx.__version__.startswith(SUPPORTED):
@@ -36,6 +41,45 @@ def rehome_gradient(param, device: int, grad: mx.nd.NDArray) -> None:
     autograd.mark_variables(data, param.list_grad(), param.grad_req)
     for array, flag in zip(data, fresh):
         array._fresh_grad = flag  # pylint: disable=protected-access
+
+
+def gradient_lists(params: Sequence) -> list:
+    """Each parameter's own list of gradient arrays (None without one), as Gluon holds it.
+
+    Gluon builds a new list whenever it re-creates a parameter's gradients (a changed
+    ``grad_req``, ``reset_ctx``, ``cast``, a forced re-initialisation), so comparing these
+    lists by identity tells cheaply whether any gradient was re-created."""
+    return [param._grad for param in params]  # pylint: disable=protected-access
+
+
+def bound_gradient_addresses(arrays: Sequence[mx.nd.NDArray]) -> List[Optional[int]]:
+    """Where backward will write the gradient of each of `arrays` (parameters' data): the
+    start address of the array autograd holds for it (None if it has none).
+
+    This is not always the array the parameter lists: a graph hybridized with
+    ``static_alloc=True, static_shape=True`` binds the gradient arrays it first ran backward
+    with, and later backward passes hand autograd those arrays back instead of writing the
+    ones it was given (``CachedOp::StaticBackward`` in MXNet 1.9). Three C calls per array,
+    no copy and no wait (a gradient living in a bucket is a plain view)."""
+    get_grad, get_data, free = _LIB.MXNDArrayGetGrad, _LIB.MXNDArrayGetData, _LIB.MXNDArrayFree
+    grad, data = NDArrayHandle(), ctypes.c_void_p()
+    out, address = ctypes.byref(grad), ctypes.byref(data)
+    addresses = []
+    for array in arrays:
+        check_call(get_grad(array.handle, out))
+        if not grad.value:
+            addresses.append(None)
+            continue
+        check_call(get_data(grad, address))
+        check_call(free(grad))
+        addresses.append(data.value)
+    return addresses
+
+
+def bound_gradient(param, device: int) -> Optional[mx.nd.NDArray]:
+    """The array backward writes the gradient of `param` on its `device`-th context into
+    (see :func:`bound_gradient_addresses`)."""
+    return param.list_data()[device].grad
 
 
 def set_up_store(trainer, batch_size: int) -> None:

@@ -1,8 +1,11 @@
 """Bucketed gradient exchange: the plan, and the calls the Trainer makes with it."""
+import logging
+
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, gluon
+from mxnet.gluon.model_zoo import vision
 
 from hvdtrain.store.buckets import MIB, BucketedTrainer, plan_buckets
 from hvdtrain.store.kvstore import HorovodKVStore
@@ -11,7 +14,9 @@ from hvdtrain.store.kvstore import HorovodKVStore
 def test_plan_keeps_one_dtype_per_bucket():
     f32, f16 = np.dtype("float32"), np.dtype("float16")
     assert plan_buckets([4, 4, 2, 2], 100, [f32, f32, f16, f16]) == [[3, 2], [1, 0]]
-    assert plan_buckets([4, 2, 4], 100, [f32, f16, f32]) == [[2], [1], [0]]
+    # Each dtype fills a bucket of its own: alternating dtypes do not split every bucket.
+    assert plan_buckets([4, 2, 4, 2, 4], 100, [f32, f16, f32, f16, f32]) == [[4, 2, 0], [3, 1]]
+    assert plan_buckets([4, 2, 4, 2, 4], 8, [f32, f16, f32, f16, f32]) == [[4, 2], [3, 1], [0]]
 
 
 def test_plan_starts_from_the_last_parameter_and_respects_the_cap():
@@ -41,13 +46,26 @@ class RecordingStore(HorovodKVStore):
         super().pushpull(key, value, out=out, priority=priority)
 
 
-def net_and_data():
+def build_net(hybridize=None):
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(64, activation="relu"), gluon.nn.BatchNorm(), gluon.nn.Dense(10))
-    net.initialize(mx.init.Xavier())
+    if hybridize is not None:
+        net.hybridize(**hybridize)
+    return net
+
+
+def twin_nets(tmp_path, hybridize=None):
+    """Two nets built separately, starting from the same parameters (saved by the first,
+    loaded by the second): the second is the independent reference for the first."""
+    first = build_net(hybridize)
+    first.initialize(mx.init.Xavier())
     x = mx.nd.random.uniform(shape=(8, 32))
-    net(x)
-    return net, x, mx.nd.array(np.arange(8) % 10)
+    with autograd.train_mode():
+        first(x)
+    first.save_parameters(str(tmp_path / "start.params"))
+    second = build_net(hybridize)
+    second.load_parameters(str(tmp_path / "start.params"))
+    return first, second, x, mx.nd.array(np.arange(8) % 10)
 
 
 def train_steps(trainer, net, x, y, steps=3):
@@ -57,18 +75,24 @@ def train_steps(trainer, net, x, y, steps=3):
             loss = loss_fn(net(x), y)
         loss.backward()
         trainer.step(len(y))
-    return {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+    mx.nd.waitall()  # static_alloc: BatchNorm's statistics are written untracked
+    return [p.data().asnumpy() for p in net.collect_params().values()]
 
 
-def fresh(net, params):
-    for name, p in net.collect_params().items():
-        p.set_data(mx.nd.array(params[name]))
+def plain_trainer(net, **opt):
+    return gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, **opt},
+                         kvstore=RecordingStore(), update_on_kvstore=False)
+
+
+def assert_same_training(bucketed, expected):
+    # Same gradients summed in the same order (one rank): equal to rounding.
+    for got, want in zip(bucketed, expected):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("bucket_mb", [0.01, 25])
-def test_trainer_reduces_every_gradient_in_its_buckets(bucket_mb):
-    net, x, y = net_and_data()
-    start = {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+def test_trainer_reduces_every_gradient_in_its_buckets(bucket_mb, tmp_path):
+    net, reference, x, y = twin_nets(tmp_path)
     store = RecordingStore()
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1,
                                                             "momentum": 0.9},
@@ -86,16 +110,12 @@ def test_trainer_reduces_every_gradient_in_its_buckets(bucket_mb):
     if bucket_mb == 25:
         assert len(trainer.buckets) == 1
 
-    fresh(net, start)
-    plain = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
-                          kvstore=RecordingStore(), update_on_kvstore=False)
-    expected = train_steps(plain, net, x, y)
-    for name, value in expected.items():
-        np.testing.assert_array_equal(bucketed[name], value)
+    expected = train_steps(plain_trainer(reference, momentum=0.9), reference, x, y)
+    assert_same_training(bucketed, expected)
 
 
-def test_zero_bucket_size_keeps_one_call_per_parameter():
-    net, x, y = net_and_data()
+def test_zero_bucket_size_keeps_one_call_per_parameter(tmp_path):
+    net, _, x, y = twin_nets(tmp_path)
     store = RecordingStore()
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
                               kvstore=store, update_on_kvstore=False, bucket_mb=0)
@@ -107,8 +127,8 @@ def test_zero_bucket_size_keeps_one_call_per_parameter():
     assert store.calls == with_grad
 
 
-def test_stores_that_cannot_group_keep_the_trainers_exchange():
-    net, x, y = net_and_data()
+def test_stores_that_cannot_group_keep_the_trainers_exchange(tmp_path):
+    net, _, x, y = twin_nets(tmp_path)
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
                               kvstore=mx.kv.create("local"), update_on_kvstore=False,
                               bucket_mb=25)
@@ -123,16 +143,15 @@ def _writes_through(flat, view):
     return bool(np.all(view.asnumpy() == 7.0))
 
 
-@pytest.mark.parametrize("hybridize", [False, True])
+@pytest.mark.parametrize("hybridize", [None, {}, {"static_alloc": True, "static_shape": True}],
+                         ids=["imperative", "hybridized", "static"])
 @pytest.mark.parametrize("before_first_step", [False, True])
-def test_gradients_are_views_into_one_flat_buffer(hybridize, before_first_step):
-    """Zero-copy buckets: each gradient is a slice of its bucket's flat buffer, backward
-    writes through it (imperative and static_alloc graphs), and training matches the
-    Trainer's own per-parameter exchange."""
-    net, x, y = net_and_data()
-    if hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-    start = {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+def test_gradients_are_views_into_one_flat_buffer(hybridize, before_first_step, tmp_path):
+    """Zero-copy buckets: each gradient is a slice of its bucket's flat buffer, and training
+    matches Gluon's own Trainer on a separately built copy of the net, also when a
+    static_alloc graph ran backward before the buckets existed (it keeps writing its own
+    arrays, which are then copied in)."""
+    net, reference, x, y = twin_nets(tmp_path, hybridize)
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1,
                                                             "momentum": 0.9},
                               kvstore=RecordingStore(), update_on_kvstore=False,
@@ -140,12 +159,11 @@ def test_gradients_are_views_into_one_flat_buffer(hybridize, before_first_step):
     if before_first_step:  # as hvdtrain's broadcast_parameters does
         trainer._init_kvstore()  # pylint: disable=protected-access
     bucketed = train_steps(trainer, net, x, y)
-    fresh(net, start)
-    plain = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9},
-                          kvstore=RecordingStore(), update_on_kvstore=False)
-    expected = train_steps(plain, net, x, y)
-    for name, value in expected.items():
-        np.testing.assert_allclose(bucketed[name], value, rtol=0, atol=1e-6, err_msg=name)
+    expected = train_steps(plain_trainer(reference, momentum=0.9), reference, x, y)
+    assert_same_training(bucketed, expected)
+    # Backward writes into the buckets themselves unless a static graph ran it first.
+    assert (trainer.copied_gradients > 0) == (hybridize is not None and "static_alloc" in
+                                              hybridize and not before_first_step)
 
     params = trainer._params  # pylint: disable=protected-access
     assert len(trainer.buckets) > 1
@@ -154,16 +172,23 @@ def test_gradients_are_views_into_one_flat_buffer(hybridize, before_first_step):
         assert all(_writes_through(flat, params[i].grad()) for i in bucket)
 
 
-def test_several_devices_each_get_a_flat_buffer():
+def test_several_devices_each_get_a_flat_buffer(tmp_path):
     devices = [mx.cpu(0), mx.cpu(1)]
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(16, activation="relu", in_units=32), gluon.nn.Dense(10, in_units=16))
+
+    def build():
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(16, activation="relu", in_units=32),
+                gluon.nn.Dense(10, in_units=16))
+        return net
+
+    net, reference = build(), build()
     net.initialize(mx.init.Xavier(), ctx=devices)
+    net.save_parameters(str(tmp_path / "start.params"))
+    reference.load_parameters(str(tmp_path / "start.params"), ctx=devices)
     x, y = mx.nd.random.uniform(shape=(8, 32)), mx.nd.array(np.arange(8) % 10)
-    start = {name: p.data().asnumpy() for name, p in net.collect_params().items()}
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    def steps(trainer):
+    def steps(net, trainer):
         for _ in range(3):
             with autograd.record():
                 losses = [loss_fn(net(xs), ys) for xs, ys in
@@ -171,15 +196,35 @@ def test_several_devices_each_get_a_flat_buffer():
                               gluon.utils.split_and_load(y, devices))]
             autograd.backward(losses)
             trainer.step(len(y))
-        return {name: p.data(devices[1]).asnumpy() for name, p in net.collect_params().items()}
+        return [p.data(devices[1]).asnumpy() for p in net.collect_params().values()]
 
     trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
                               kvstore=RecordingStore(), update_on_kvstore=False, bucket_mb=25)
-    bucketed = steps(trainer)
+    bucketed = steps(net, trainer)
     assert [f.context for f in trainer._flat_grads[0]] == devices  # pylint: disable=protected-access
-    for name, p in net.collect_params().items():
-        p.set_data(mx.nd.array(start[name]))
-    expected = steps(gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
-                                   kvstore=RecordingStore(), update_on_kvstore=False))
-    for name, value in expected.items():
-        np.testing.assert_allclose(bucketed[name], value, rtol=0, atol=1e-6, err_msg=name)
+    assert_same_training(bucketed, steps(reference, plain_trainer(reference)))
+
+
+def zoo_bucket_count(model, dtype):
+    """Buckets the Trainer plans for a model-zoo net at the default cap, as ``--dtype``
+    leaves it: ``cast('float16')`` keeps BatchNorm's parameters float32, so float16 and
+    float32 gradients alternate through the whole net."""
+    net = vision.get_model(model, classes=10)
+    net.initialize()
+    with autograd.train_mode():
+        net(mx.nd.zeros((1, 3, 32, 32)))  # shapes only; float16 cannot run on a CPU
+    if dtype == "float16":
+        net.cast("float16")
+    trainer = BucketedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                              kvstore=RecordingStore(), update_on_kvstore=False, bucket_mb=25)
+    trainer._init_kvstore()  # pylint: disable=protected-access  (plans the buckets)
+    dtypes = {np.dtype(trainer._params[i].grad().dtype).name for b in trainer.buckets for i in b}  # pylint: disable=protected-access
+    assert dtypes == ({"float16", "float32"} if dtype == "float16" else {"float32"})
+    return len(trainer.buckets)
+
+
+@pytest.mark.parametrize("model", ["resnet18_v1", "resnet50_v1"])
+def test_float16_models_get_about_as_many_buckets_as_float32(model):
+    counts = {dtype: zoo_bucket_count(model, dtype) for dtype in ("float32", "float16")}
+    logging.getLogger("hvdtrain").info("%s buckets at 25 MiB: %s", model, counts)
+    assert counts["float16"] <= 2 * counts["float32"], counts
