@@ -76,9 +76,10 @@ def test_resolve_resume(tmp_path):
         resume.resolve_resume(str(tmp_path), None)
     net = small_net()
     path = ckpt.save_checkpoint(str(tmp_path), net, trained(net), {"epoch": 3, "step": 9}, 3)
-    assert resume.resolve_resume("auto", str(tmp_path)) == [path]
-    assert resume.resolve_resume(str(tmp_path), None) == [path]
-    assert resume.resolve_resume(path, None) == [path]
+    for named in (("auto", str(tmp_path)), (str(tmp_path), None), (path, None)):
+        found = resume.resolve_resume(*named)
+        assert [c.path for c in found] == [path]
+        assert (found[0].meta["epoch"], found[0].meta["step"]) == (3, 9)  # read from the file
     with open(os.path.join(path, "meta.json"), "w") as meta:
         meta.write("{truncated")
     with pytest.raises(CheckpointError, match="corrupt"):
@@ -139,7 +140,7 @@ def assert_consistent(root):
     with open(os.path.join(found, "model.params"), "rb") as src:
         data = src.read()
     assert data == bytes([epoch % 256]) * FakeNet.size, f"{found} is half-written"
-    assert resume.resolve_resume("auto", root)[0] == found
+    assert resume.resolve_resume("auto", root)[0].path == found
     return epoch
 
 

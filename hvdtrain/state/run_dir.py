@@ -1,0 +1,189 @@
+"""The output folder and the resume of one run, in three phases.
+
+1. :meth:`RunDir.decide`, on each rank with no collective, before any data is loaded: refuse a
+   folder another run holds, a fresh run into a folder with checkpoints, and a checkpoint
+   this run cannot continue; name the candidates to resume from, best first, each with its
+   ``meta.json`` read once. No parameter file is loaded yet.
+2. :meth:`RunDir.claim`: rank 0 checks the folder is writable, locks it and clears what
+   interrupted saves left; one collective tells every rank whether the folder was free.
+3. :meth:`RunDir.restore`: load the first candidate that loads (passing over damaged ones
+   with a warning), make the ranks agree on the position (one collective) and apply the
+   settings that may change. Leaving the ``with run_dir.claim(dist):`` block drops the lock.
+
+Every rule that refuses a run because of its output folder or its checkpoints is applied
+here (or in :mod:`.resume`, :mod:`.resume_from` on its behalf), each once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import List, Optional
+
+import mxnet as mx
+
+from .checkpoint import (CHECKPOINTS, CheckpointError, clear_leftovers, missing_files,
+                         named_checkpoints)
+from ..config import ConfigError, TrainConfig
+from .lock import OutputLock
+from .resume import check_compatible, resumed_state
+from .resume_from import Candidate, resolve_resume, restore
+from .train_state import TrainState
+from .writes import check_writable_dir
+
+logger = logging.getLogger("hvdtrain")
+
+
+class RunDir:
+    """One run's output folder (``cfg.output_dir``, may be None) and what it resumes from.
+
+    Make it with :meth:`decide`; then :meth:`claim` and :meth:`restore`, in that order.
+
+    Attributes
+    ----------
+    candidates : list of Candidate
+        The checkpoints ``--resume`` names, best first (empty for a fresh run).
+    """
+
+    def __init__(self, cfg: TrainConfig, candidates: List[Candidate]):
+        self.cfg = cfg
+        self.output_dir = cfg.output_dir
+        self.candidates = candidates
+        self._lock: Optional[OutputLock] = None
+
+    @classmethod
+    def decide(cls, cfg: TrainConfig) -> "RunDir":
+        """Everything that can be refused from the folder alone, on each rank, no collective.
+
+        A folder in use is refused first, before its checkpoints are even read: they may be
+        half-pruned under that run, and any advice about them would be refused as well.
+        """
+        if cfg.output_dir:
+            holder = OutputLock(cfg.output_dir).held_by_another()
+            if holder:
+                raise ConfigError(f"--output-dir {cfg.output_dir} is in use by another run "
+                                  f"({holder}): wait for it to end, or give another "
+                                  f"--output-dir")
+        if not cfg.resume:
+            _refuse_fresh_run(cfg.output_dir)
+            return cls(cfg, [])
+        candidates = resolve_resume(cfg.resume, cfg.output_dir)
+        if candidates:  # the others are checked when a fall-back reaches them
+            check_compatible(candidates[0].path, candidates[0].meta, cfg)
+        return cls(cfg, candidates)
+
+    def claim(self, dist) -> "RunDir":
+        """Rank 0 checks the folder is writable, locks it and clears what interrupted saves
+        left; every rank learns (one collective) whether the folder was free, and all refuse
+        together when it was not. Use as ``with run_dir.claim(dist):``."""
+        if not self.output_dir:
+            return self
+        lock, busy = None, 0
+        if dist.is_root:
+            check_writable_dir(self.output_dir, "--output-dir")
+            lock = OutputLock(self.output_dir)
+            busy = 0 if lock.acquire() else 1
+            if not busy:
+                self._lock = lock
+                folder = os.path.join(self.output_dir, CHECKPOINTS)
+                removed = clear_leftovers(folder)
+                if removed:
+                    logger.warning("removed what interrupted saves left in %s: %s", folder,
+                                   ", ".join(removed))
+        if dist.num_workers > 1 and dist.synchronous:
+            busy = int(dist.sum_across_workers("output_check", mx.nd.array([busy])).asscalar())
+        if not busy:
+            return self
+        if dist.is_root:
+            raise ConfigError(f"--output-dir {self.output_dir} is in use by another run "
+                              f"({lock.holder()} holds {lock.path}): wait for it to end, or "
+                              f"give another --output-dir")
+        raise ConfigError(f"rank 0 found --output-dir {self.output_dir} in use by another run")
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Drop the lock taken by :meth:`claim` (rank 0; nothing elsewhere)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def restore(self, net, trainer, devices, dist, worker_batch: int,
+                train_length: int) -> TrainState:
+        """Load the first candidate that loads into `net` and `trainer` and return the
+        :class:`TrainState` training continues from (a fresh one without ``--resume``).
+
+        Every rank loads the same files (the checkpoint must be visible to all of them). A
+        damaged checkpoint is passed over with a warning when an older one remains; the ranks
+        then check, with one collective, that they continue from the same position, since a
+        rank that loaded another would meet the others at a different step and hang.
+        """
+        if not self.cfg.resume:
+            return TrainState()
+        found = self._load_first(net, trainer, devices)
+        meta = found.meta if found else {"epoch": -1, "step": 0}
+        _agree_on_position(dist, [int(meta["epoch"]) + 1, int(meta["step"]),
+                                  int(meta.get("epoch_samples", 0))],
+                           found.path if found else None)
+        if found is None:
+            logger.info("no checkpoint to resume from: starting fresh")
+            return TrainState()
+        return resumed_state(found.path, found.meta, trainer, dist, self.cfg, worker_batch,
+                             train_length)
+
+    def _load_first(self, net, trainer, devices) -> Optional[Candidate]:
+        """The first candidate that loads (None for none); refuses when none does."""
+        for index, candidate in enumerate(self.candidates):
+            if index:  # the first was checked by decide
+                check_compatible(candidate.path, candidate.meta, self.cfg, warn=False)
+            try:
+                restore(candidate.path, net, trainer, devices, candidate.meta)
+            except CheckpointError as err:
+                if index == len(self.candidates) - 1:
+                    if index:
+                        raise CheckpointError(f"{err} (and no older checkpoint loads "
+                                              f"either)") from None
+                    raise
+                logger.warning("%s; falling back to an older checkpoint", err)
+                continue
+            if index:
+                logger.warning("resuming from %s, the newest checkpoint that loads",
+                               candidate.path)
+            return candidate
+        return None
+
+
+def _refuse_fresh_run(output_dir: Optional[str]) -> None:
+    """Refuse a run without ``--resume`` into a folder holding another run's checkpoints:
+    its saves would be pruned against the old run's, and a later ``--resume auto`` would
+    pick the old run's newest."""
+    if not output_dir:
+        return
+    found = [p for p in named_checkpoints(os.path.join(output_dir, CHECKPOINTS))
+             if not missing_files(p)]
+    if found:
+        raise ConfigError(
+            f"--output-dir {output_dir} already holds checkpoints of an earlier run (newest: "
+            f"{os.path.basename(found[-1])}): continue it with --resume auto, or start over "
+            f"in another --output-dir (or after deleting {os.path.join(output_dir, CHECKPOINTS)})")
+
+
+def _agree_on_position(dist, position: List[int], path: Optional[str]) -> None:
+    """Check that every rank continues from the same `position` (epoch + 1, step, samples).
+
+    Asynchronous stores (``dist_async``) have no collective to compare with: the check is
+    skipped, and said so, since every worker read the same folder by the same rules."""
+    if dist.num_workers == 1:
+        return
+    if not dist.synchronous:
+        logger.info("dist_async: the workers cannot compare which checkpoint each found (an "
+                    "asynchronous store has no collective); each read %s by the same rules",
+                    path or "no checkpoint")
+        return
+    total = dist.sum_across_workers("resume_check", mx.nd.array(position))
+    if [int(v) for v in total.asnumpy()] != [v * dist.num_workers for v in position]:
+        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
+                              f"{path or 'none'}); is the output folder shared by all ranks?")
