@@ -8,8 +8,8 @@ checks behave alike on every path. The data flow::
         -> broadcast_parameters -> fit -> metrics / checkpoints / model.params
 
 with the run folder in three phases around it (:class:`~hvdtrain.state.run_dir.RunDir`):
-decide before the data is loaded, claim once the ranks know each other, restore once the
-model and trainer exist.
+decide before the data is loaded, restore once the model and trainer exist, claim before
+anything is written.
 """
 from __future__ import annotations
 
@@ -146,7 +146,6 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         until_the_end.enter_context(watchdog)
         dist = build_dist(cfg, comm)
         start_rank(cfg, dist, watchdog)
-        until_the_end.enter_context(run_dir.claim(dist))
         devices = build_devices(cfg, dist, policy, devices)
         worker_batch = cfg.batch_size * len(devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
@@ -154,6 +153,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         trainer = build_trainer(net, cfg, dist, policy)
         policy.prepare_trainer(trainer)
         state = run_dir.restore(net, trainer, devices, dist, worker_batch, len(data.train_y))
+        until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")

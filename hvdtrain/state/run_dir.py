@@ -4,11 +4,13 @@
    folder another run holds, a fresh run into a folder with checkpoints, and a checkpoint
    this run cannot continue; name the candidates to resume from, best first, each with its
    ``meta.json`` read once. No parameter file is loaded yet.
-2. :meth:`RunDir.claim`: rank 0 checks the folder is writable, locks it and clears what
-   interrupted saves left; one collective tells every rank whether the folder was free.
-3. :meth:`RunDir.restore`: load the first candidate that loads (passing over damaged ones
-   with a warning), make the ranks agree on the position (one collective) and apply the
-   settings that may change. Leaving the ``with run_dir.claim(dist):`` block drops the lock.
+2. :meth:`RunDir.restore`, once the model and trainer exist: load the first candidate that
+   loads (passing over damaged ones with a warning) and apply the settings that may change.
+   It writes nothing, so a checkpoint that does not load is refused with the folder as it was.
+3. :meth:`RunDir.claim`: rank 0 checks the folder is writable, locks it and clears what
+   interrupted saves left; then the one collective of the three phases tells every rank
+   whether the folder was free and whether all continue from the same position. Leaving the
+   ``with run_dir.claim(dist):`` block drops the lock.
 
 Every rule that refuses a run because of its output folder or its checkpoints is applied
 here (or in :mod:`.resume`, :mod:`.resume_from` on its behalf), each once.
@@ -36,7 +38,7 @@ logger = logging.getLogger("hvdtrain")
 class RunDir:
     """One run's output folder (``cfg.output_dir``, may be None) and what it resumes from.
 
-    Make it with :meth:`decide`; then :meth:`claim` and :meth:`restore`, in that order.
+    Make it with :meth:`decide`; then :meth:`restore` and :meth:`claim`, in that order.
 
     Attributes
     ----------
@@ -49,6 +51,9 @@ class RunDir:
         self.output_dir = cfg.output_dir
         self.candidates = candidates
         self._lock: Optional[OutputLock] = None
+        # What restore found, compared across ranks at claim: (epoch + 1, step, samples).
+        self._found: Optional[str] = None
+        self._position = [0, 0, 0]
 
     @classmethod
     def decide(cls, cfg: TrainConfig) -> "RunDir":
@@ -71,14 +76,35 @@ class RunDir:
             check_compatible(candidates[0].path, candidates[0].meta, cfg)
         return cls(cfg, candidates)
 
+    def restore(self, net, trainer, devices, dist, worker_batch: int,
+                train_length: int) -> TrainState:
+        """Load the first candidate that loads into `net` and `trainer` and return the
+        :class:`TrainState` training continues from (a fresh one without ``--resume``).
+
+        Every rank loads the same files (the checkpoint must be visible to all of them). A
+        damaged checkpoint is passed over with a warning when an older one remains; which
+        position each rank found is compared at :meth:`claim`.
+        """
+        if not self.cfg.resume:
+            return TrainState()
+        found = self._load_first(net, trainer, devices)
+        if found is None:
+            logger.info("no checkpoint to resume from: starting fresh")
+            return TrainState()
+        self._found = found.path
+        self._position = [int(found.meta["epoch"]) + 1, int(found.meta["step"]),
+                          int(found.meta.get("epoch_samples", 0))]
+        return resumed_state(found.path, found.meta, trainer, dist, self.cfg, worker_batch,
+                             train_length)
+
     def claim(self, dist) -> "RunDir":
         """Rank 0 checks the folder is writable, locks it and clears what interrupted saves
-        left; every rank learns (one collective) whether the folder was free, and all refuse
-        together when it was not. Use as ``with run_dir.claim(dist):``."""
-        if not self.output_dir:
-            return self
+        left. One collective then tells every rank whether the folder was free, and checks
+        that they all continue from the same position (a rank that loaded another checkpoint
+        would meet the others at a different step and hang); all refuse together otherwise.
+        Use as ``with run_dir.claim(dist):``."""
         lock, busy = None, 0
-        if dist.is_root:
+        if self.output_dir and dist.is_root:
             check_writable_dir(self.output_dir, "--output-dir")
             lock = OutputLock(self.output_dir)
             busy = 0 if lock.acquire() else 1
@@ -89,15 +115,29 @@ class RunDir:
                 if removed:
                     logger.warning("removed what interrupted saves left in %s: %s", folder,
                                    ", ".join(removed))
-        if dist.num_workers > 1 and dist.synchronous:
-            busy = int(dist.sum_across_workers("output_check", mx.nd.array([busy])).asscalar())
-        if not busy:
-            return self
-        if dist.is_root:
-            raise ConfigError(f"--output-dir {self.output_dir} is in use by another run "
-                              f"({lock.holder()} holds {lock.path}): wait for it to end, or "
-                              f"give another --output-dir")
-        raise ConfigError(f"rank 0 found --output-dir {self.output_dir} in use by another run")
+        try:
+            self._agree(dist, busy, lock)
+        except BaseException:
+            self.release()  # a refusal here leaves the lock free for the next run
+            raise
+        return self
+
+    def _agree(self, dist, busy: int, lock: Optional[OutputLock]) -> None:
+        """Claim's collective (see there); refuse on every rank when it disagrees."""
+        agree = dist.num_workers > 1 and (self.output_dir or self.cfg.resume)
+        if agree and dist.synchronous:
+            total = [int(v) for v in dist.sum_across_workers(
+                "run_dir_agreement", mx.nd.array([busy] + self._position)).asnumpy()]
+            _refuse_busy(self.output_dir, total[0], lock, dist.is_root)
+            if total[1:] != [v * dist.num_workers for v in self._position]:
+                raise CheckpointError(f"ranks found different checkpoints to resume from "
+                                      f"(this rank: {self._found or 'none'}); is the output "
+                                      f"folder shared by all ranks?")
+        elif agree and self.cfg.resume:  # dist_async: no collective to compare with
+            logger.info("dist_async: the workers cannot compare which checkpoint each found "
+                        "(an asynchronous store has no collective); each read %s by the "
+                        "same rules", self._found or "no checkpoint")
+        _refuse_busy(self.output_dir, busy, lock, dist.is_root)
 
     def __enter__(self) -> "RunDir":
         return self
@@ -110,29 +150,6 @@ class RunDir:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-    def restore(self, net, trainer, devices, dist, worker_batch: int,
-                train_length: int) -> TrainState:
-        """Load the first candidate that loads into `net` and `trainer` and return the
-        :class:`TrainState` training continues from (a fresh one without ``--resume``).
-
-        Every rank loads the same files (the checkpoint must be visible to all of them). A
-        damaged checkpoint is passed over with a warning when an older one remains; the ranks
-        then check, with one collective, that they continue from the same position, since a
-        rank that loaded another would meet the others at a different step and hang.
-        """
-        if not self.cfg.resume:
-            return TrainState()
-        found = self._load_first(net, trainer, devices)
-        meta = found.meta if found else {"epoch": -1, "step": 0}
-        _agree_on_position(dist, [int(meta["epoch"]) + 1, int(meta["step"]),
-                                  int(meta.get("epoch_samples", 0))],
-                           found.path if found else None)
-        if found is None:
-            logger.info("no checkpoint to resume from: starting fresh")
-            return TrainState()
-        return resumed_state(found.path, found.meta, trainer, dist, self.cfg, worker_batch,
-                             train_length)
 
     def _load_first(self, net, trainer, devices) -> Optional[Candidate]:
         """The first candidate that loads (None for none); refuses when none does."""
@@ -171,19 +188,13 @@ def _refuse_fresh_run(output_dir: Optional[str]) -> None:
             f"in another --output-dir (or after deleting {os.path.join(output_dir, CHECKPOINTS)})")
 
 
-def _agree_on_position(dist, position: List[int], path: Optional[str]) -> None:
-    """Check that every rank continues from the same `position` (epoch + 1, step, samples).
-
-    Asynchronous stores (``dist_async``) have no collective to compare with: the check is
-    skipped, and said so, since every worker read the same folder by the same rules."""
-    if dist.num_workers == 1:
+def _refuse_busy(output_dir: Optional[str], busy: int, lock: Optional[OutputLock],
+                 is_root: bool) -> None:
+    """Refuse on every rank when rank 0 found `output_dir` held by another run."""
+    if not busy:
         return
-    if not dist.synchronous:
-        logger.info("dist_async: the workers cannot compare which checkpoint each found (an "
-                    "asynchronous store has no collective); each read %s by the same rules",
-                    path or "no checkpoint")
-        return
-    total = dist.sum_across_workers("resume_check", mx.nd.array(position))
-    if [int(v) for v in total.asnumpy()] != [v * dist.num_workers for v in position]:
-        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
-                              f"{path or 'none'}); is the output folder shared by all ranks?")
+    if is_root:
+        raise ConfigError(f"--output-dir {output_dir} is in use by another run "
+                          f"({lock.holder()} holds {lock.path}): wait for it to end, or "
+                          f"give another --output-dir")
+    raise ConfigError(f"rank 0 found --output-dir {output_dir} in use by another run")
