@@ -152,7 +152,7 @@ def prune(folder: str, keep: int) -> None:
 def clear_leftovers(folder: str) -> List[str]:
     """Remove what interrupted saves and prunes left in `folder`: temporary folders and
     files, and ``epoch-*`` folders missing a file (a delete cut short). Call it only while
-    holding the output folder (see :mod:`hvdtrain.state.outdir`): another run's save in progress
+    holding the output folder (see :mod:`hvdtrain.state.run_dir`): another run's save in progress
     looks the same. Returns the names removed."""
     removed = []
     if not os.path.isdir(folder):
