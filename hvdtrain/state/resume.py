@@ -11,7 +11,7 @@ import logging
 from typing import Dict, List
 
 from . import loss_scale
-from .checkpoint import CheckpointError
+from .checkpoint_files import CheckpointError
 from ..config import TrainConfig, model_for
 from .train_state import TrainState
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from .checkpoint import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
+from .checkpoint_files import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
                          checkpoint_order, missing_files, named_checkpoints, param_shapes,
                          read_meta)
 

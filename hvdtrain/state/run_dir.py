@@ -23,8 +23,8 @@ from typing import List, Optional
 
 import mxnet as mx
 
-from .checkpoint import (CHECKPOINTS, CheckpointError, clear_leftovers, missing_files,
-                         named_checkpoints)
+from .checkpoint import clear_leftovers
+from .checkpoint_files import CHECKPOINTS, CheckpointError, missing_files, named_checkpoints
 from ..config import ConfigError, TrainConfig
 from .lock import OutputLock
 from .resume import check_compatible, resumed_state

@@ -11,7 +11,8 @@ from mxnet import autograd, gluon
 
 from hvdtrain.state import checkpoint as ckpt
 from hvdtrain.state import resume_from as resume
-from hvdtrain.state.checkpoint import CheckpointError, Checkpointer
+from hvdtrain.state.checkpoint import Checkpointer
+from hvdtrain.state.checkpoint_files import CheckpointError, read_meta
 
 
 def small_net(units=3):
@@ -63,7 +64,7 @@ def test_latest_pointer_and_pruning(tmp_path):
     folder = tmp_path / "checkpoints"
     assert sorted(os.listdir(folder)) == ["epoch-0004", "epoch-0005", "latest"]
     assert resume.latest_checkpoint(str(tmp_path)).endswith("epoch-0005")
-    assert ckpt.read_meta(str(folder / "epoch-0005"))["model"] == "dense"
+    assert read_meta(str(folder / "epoch-0005"))["model"] == "dense"
     assert Checkpointer(str(tmp_path), enabled=False).after_epoch(net, trainer, State(6)) is None
 
 
@@ -136,7 +137,7 @@ def assert_consistent(root):
     found = resume.latest_checkpoint(root)
     if found is None:
         return 0
-    epoch = ckpt.read_meta(found)["epoch"]
+    epoch = read_meta(found)["epoch"]
     with open(os.path.join(found, "model.params"), "rb") as src:
         data = src.read()
     assert data == bytes([epoch % 256]) * FakeNet.size, f"{found} is half-written"

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import folder_digest, run_command, tool
-from hvdtrain.state.checkpoint import CheckpointError
+from hvdtrain.state.checkpoint_files import CheckpointError
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
 
