@@ -7,7 +7,6 @@ fresh run, read each checkpoint's metadata several times, checked the first cand
 compatibility twice and loaded every candidate's parameter file before the data.
 """
 import collections
-import shutil
 import sys
 import types
 
@@ -22,21 +21,6 @@ from hvdtrain.config import ConfigError
 from hvdtrain.job import train
 
 QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--log-interval", "0"]
-
-
-@pytest.fixture(scope="module")
-def two_epochs(tmp_path_factory):
-    """An output folder holding checkpoints epoch-0001 and epoch-0002 of a finished run."""
-    run = tmp_path_factory.mktemp("run")
-    train(parse_config(QUICK + ["--epochs", "2", "--output-dir", str(run)]))
-    return run
-
-
-@pytest.fixture
-def run_copy(two_epochs, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(two_epochs, copy)
-    return copy
 
 
 def _truncate_params(checkpoint):
