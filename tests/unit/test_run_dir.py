@@ -155,3 +155,40 @@ def test_decide_writes_nothing_and_claim_takes_the_folder(run_copy):
         with pytest.raises(ConfigError, match="is in use by another run"):
             RunDir.decide(cfg)
     assert RunDir.decide(cfg).candidates == run_dir.candidates
+
+
+class RankOneOfTwo:
+    """Rank 1 of a two-rank job whose rank 0 contributes `other` to every sum."""
+
+    is_root, num_workers, synchronous = False, 2, True
+
+    def __init__(self, other):
+        self.other, self.collectives = other, []
+
+    def sum_across_workers(self, name, values):
+        self.collectives.append(name)
+        return values + mx.nd.array(self.other)
+
+
+def test_claim_agrees_on_the_folder_and_the_position_in_one_collective(run_copy):
+    """The folder-free flag (rank 0's) and the resume position travel together; rank 1
+    refuses when rank 0 found the folder taken, or continues from another position."""
+    from hvdtrain.models import build_model  # pylint: disable=import-outside-toplevel
+    from hvdtrain.state.run_dir import RunDir  # pylint: disable=import-outside-toplevel
+    cfg = parse_config(QUICK + ["--epochs", "3", "--output-dir", str(run_copy),
+                                "--resume", "auto"])
+    net = build_model(cfg.model_name, 10)
+    net.initialize()
+    net(mx.nd.zeros((1,) + job.load_dataset("digits", None).image_shape))  # shapes known
+    run_dir = RunDir.decide(cfg)
+    rank_one = RankOneOfTwo([0, 3, 46, 0])  # free; epoch-0002: epoch 2 done (+1), step 46
+    state = run_dir.restore(net, None, [mx.cpu()], rank_one, 64, 10 ** 6)
+    assert (state.epoch, state.step) == (2, 46) and rank_one.collectives == []
+    with run_dir.claim(rank_one):
+        pass
+    assert rank_one.collectives == ["run_dir_agreement"]
+    with pytest.raises(ConfigError, match="rank 0 found --output-dir .* in use by another"):
+        run_dir.claim(RankOneOfTwo([1, 3, 46, 0]))
+    with pytest.raises(ConfigError, match="ranks found different checkpoints to resume "
+                                          "from .this rank: .*epoch-0002"):
+        run_dir.claim(RankOneOfTwo([0, 2, 23, 0]))
