@@ -126,10 +126,11 @@ class RunDir:
         """Claim's collective (see there); refuse on every rank when it disagrees."""
         agree = dist.num_workers > 1 and (self.output_dir or self.cfg.resume)
         if agree and dist.synchronous:
+            mine = [busy] + _digits(self._position)
             total = [int(v) for v in dist.sum_across_workers(
-                "run_dir_agreement", mx.nd.array([busy] + self._position)).asnumpy()]
+                "run_dir_agreement", mx.nd.array(mine)).asnumpy()]
             _refuse_busy(self.output_dir, total[0], lock, dist.is_root)
-            if total[1:] != [v * dist.num_workers for v in self._position]:
+            if total[1:] != [v * dist.num_workers for v in mine[1:]]:
                 raise CheckpointError(f"ranks found different checkpoints to resume from "
                                       f"(this rank: {self._found or 'none'}); is the output "
                                       f"folder shared by all ranks?")
@@ -198,3 +199,10 @@ def _refuse_busy(output_dir: Optional[str], busy: int, lock: Optional[OutputLock
                           f"({lock.holder()} holds {lock.path}): wait for it to end, or "
                           f"give another --output-dir")
     raise ConfigError(f"rank 0 found --output-dir {output_dir} in use by another run")
+
+
+def _digits(values: List[int]) -> List[int]:
+    """`values` as 12-bit digits (three each, so up to 2**36), whose sums over up to 4096
+    ranks stay below 2**24: exact in the float32 the stores sum, where a step count or a
+    sample count summed whole would round beyond 16.7 million."""
+    return [value >> shift & 4095 for value in values for shift in (24, 12, 0)]

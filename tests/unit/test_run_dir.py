@@ -7,6 +7,7 @@ fresh run, read each checkpoint's metadata several times, checked the first cand
 compatibility twice and loaded every candidate's parameter file before the data.
 """
 import collections
+import json
 import sys
 import types
 
@@ -157,38 +158,70 @@ def test_decide_writes_nothing_and_claim_takes_the_folder(run_copy):
     assert RunDir.decide(cfg).candidates == run_dir.candidates
 
 
-class RankOneOfTwo:
-    """Rank 1 of a two-rank job whose rank 0 contributes `other` to every sum."""
+class OtherRanks:
+    """This process as rank 1 of `count` ranks; every other rank sends `others` (default:
+    what this rank sends), rank 0 with `busy` added to the first value (its folder check).
+    Summed in float32 one rank after the other, as a store would."""
 
-    is_root, num_workers, synchronous = False, 2, True
+    is_root, synchronous = False, True
 
-    def __init__(self, other):
-        self.other, self.collectives = other, []
+    def __init__(self, count=2, busy=0, others=None):
+        self.num_workers, self.busy, self.others = count, busy, others
+        self.sent, self.collectives = [], []
 
     def sum_across_workers(self, name, values):
         self.collectives.append(name)
-        return values + mx.nd.array(self.other)
+        mine = values.asnumpy()
+        assert mine.dtype == np.float32
+        self.sent.append(mine.copy())
+        other = mine.copy() if self.others is None else np.array(self.others, np.float32)
+        total = mine.copy()
+        for _ in range(self.num_workers - 1):
+            total += other
+        total[0] += self.busy
+        return mx.nd.array(total)
 
 
-def test_claim_agrees_on_the_folder_and_the_position_in_one_collective(run_copy):
-    """The folder-free flag (rank 0's) and the resume position travel together; rank 1
-    refuses when rank 0 found the folder taken, or continues from another position."""
+def _resumed(cfg, dist):
+    """decide and restore, as a rank of `dist` would (a real model, no trainer)."""
     from hvdtrain.models import build_model  # pylint: disable=import-outside-toplevel
     from hvdtrain.state.run_dir import RunDir  # pylint: disable=import-outside-toplevel
-    cfg = parse_config(QUICK + ["--epochs", "3", "--output-dir", str(run_copy),
-                                "--resume", "auto"])
     net = build_model(cfg.model_name, 10)
     net.initialize()
     net(mx.nd.zeros((1,) + job.load_dataset("digits", None).image_shape))  # shapes known
     run_dir = RunDir.decide(cfg)
-    rank_one = RankOneOfTwo([0, 3, 46, 0])  # free; epoch-0002: epoch 2 done (+1), step 46
-    state = run_dir.restore(net, None, [mx.cpu()], rank_one, 64, 10 ** 6)
-    assert (state.epoch, state.step) == (2, 46) and rank_one.collectives == []
-    with run_dir.claim(rank_one):
+    return run_dir, run_dir.restore(net, None, [mx.cpu()], dist, 64, 10 ** 6)
+
+
+def test_claim_agrees_on_the_folder_and_the_position_in_one_collective(run_copy):
+    """Rank 0's folder check and the resume position travel together; this rank refuses
+    when rank 0 found the folder taken, or when another rank continues elsewhere."""
+    flags = QUICK + ["--epochs", "3", "--output-dir", str(run_copy), "--resume"]
+    alike = OtherRanks()
+    run_dir, state = _resumed(parse_config(flags + ["auto"]), alike)
+    assert (state.epoch, state.step) == (2, 46) and alike.collectives == []
+    with run_dir.claim(alike):
         pass
-    assert rank_one.collectives == ["run_dir_agreement"]
+    assert alike.collectives == ["run_dir_agreement"]
     with pytest.raises(ConfigError, match="rank 0 found --output-dir .* in use by another"):
-        run_dir.claim(RankOneOfTwo([1, 3, 46, 0]))
+        run_dir.claim(OtherRanks(busy=1))
+    older = OtherRanks()  # what a rank that resumed from epoch-0001 sends
+    _resumed(parse_config(flags + [str(run_copy / "checkpoints" / "epoch-0001")]),
+             older)[0].claim(older).release()
     with pytest.raises(ConfigError, match="ranks found different checkpoints to resume "
                                           "from .this rank: .*epoch-0002"):
-        run_dir.claim(RankOneOfTwo([0, 2, 23, 0]))
+        run_dir.claim(OtherRanks(others=older.sent[0]))
+
+
+def test_the_position_agreement_is_exact_beyond_float32_integers(run_copy):
+    """64 ranks at step 2**24 + 1: summed whole in float32 the step would round, and ranks
+    at the same position would be refused as disagreeing."""
+    meta_path = run_copy / "checkpoints" / "epoch-0002" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(dict(meta, step=2 ** 24 + 1)))
+    many = OtherRanks(count=64)
+    run_dir, state = _resumed(parse_config(QUICK + ["--epochs", "3", "--output-dir",
+                                                    str(run_copy), "--resume", "auto"]), many)
+    assert state.step == 2 ** 24 + 1
+    run_dir.claim(many).release()  # no refusal
+    assert many.collectives == ["run_dir_agreement"]
