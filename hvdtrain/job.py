@@ -22,12 +22,12 @@ from .loop import precision
 from .state.checkpoint import Checkpointer, save_params
 from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
-from .data.datasets import load_dataset
+from .data.datasets import check_dataset, load_dataset
 from .store.dist import DistContext, select_devices, share_cpu_threads
 from .store.kvstore import create_store
 from .runtime.lifeline import LauncherWatch, launcher_chain
 from .report.log import MetricsWriter, setup_logging
-from .models import build_model
+from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
@@ -136,6 +136,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     watchdog = Watchdog(cfg.stall_timeout)
     with ExitStack() as until_the_end:  # each guard entered here lasts until the run ends
         until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))
+        check_model_name(cfg.model_name)  # what the command names, before the folder
+        check_dataset(cfg.dataset, cfg.data_dir)
         run_dir = RunDir.decide(cfg)
         data = load_dataset(cfg.dataset, cfg.data_dir)
         policy = precision.Precision.of(cfg)
