@@ -1,10 +1,11 @@
-"""The run folder's three phases: decide (before any data), claim, restore.
+"""The run folder's three phases: decide (before any data), restore, claim.
 
-Through :func:`hvdtrain.job.train` in this process (digits, ``--kvstore none``: an epoch takes
-well under a second), with the library's own functions wrapped to see when they are called.
-The order and the counts are the point: the old start-up loaded the data before refusing a
-fresh run, read each checkpoint's metadata several times, checked the first candidate's
-compatibility twice and loaded every candidate's parameter file before the data.
+Mostly through :func:`hvdtrain.job.train` in this process (digits, ``--kvstore none``: an
+epoch takes well under a second), with the library's own functions wrapped to see when they
+are called. The order and the counts are the point: the old start-up loaded the data before
+refusing a fresh run, read each checkpoint's metadata several times, checked the first
+candidate's compatibility twice and loaded every candidate's parameter file before the data.
+Claim's collective is seen from rank 1 of N, the other ranks' sums made in float32.
 """
 import collections
 import json
