@@ -5,29 +5,31 @@ API, the examples and the tests call :func:`train` the same way, so resume, outp
 checks behave alike on every path. The data flow::
 
     cfg -> store = create_store(cfg.kvstore) -> DistContext -> (data, net, trainer)
-        -> resume_state -> broadcast_parameters -> fit -> metrics / checkpoints / model.params
+        -> broadcast_parameters -> fit -> metrics / checkpoints / model.params
+
+with the run folder in three phases around it (:class:`~hvdtrain.state.run_dir.RunDir`):
+decide before the data is loaded, restore once the model and trainer exist, claim before
+anything is written.
 """
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from .loop import precision
-from .state.checkpoint import Checkpointer, read_meta, save_params
+from .state.checkpoint import Checkpointer, save_params
 from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
-from .data.datasets import load_dataset
+from .data.datasets import check_dataset, load_dataset
 from .store.dist import DistContext, select_devices, share_cpu_threads
 from .store.kvstore import create_store
 from .runtime.lifeline import LauncherWatch, launcher_chain
 from .report.log import MetricsWriter, setup_logging
-from .models import build_model
-from .state.outdir import claim, refuse_fresh_run, refuse_if_in_use
+from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
-from .state.resume import check_compatible, resume_state
-from .state.resume_from import loadable, resolve_resume
-from .state.train_state import TrainState
+from .state.run_dir import RunDir
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
 from .runtime.watchdog import Watchdog, horovod_stall_env
 from .state.writes import check_writable_dir
@@ -95,40 +97,18 @@ def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:
                           f"gradients; use --kvstore device (or local, or horovod)")
 
 
-def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
-    """Run the whole job described by `cfg` in this process (one rank of it).
-
-    `devices` overrides the devices chosen from the configuration (a list of contexts).
-    `comm`, an mpi4py communicator, is the group of processes this job runs on (default:
-    every process of the launch); see ``examples/sweep_mpi.py``.
-    Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
-    holding another run or in use) is refused before anything is written. From the first
-    collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step
-    completes for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it
-    when the launcher that started it is gone.
-    """
-    setup_logging(rank=0)
-    watchdog = Watchdog(cfg.stall_timeout)
-    with LauncherWatch(launcher_chain(), describe=watchdog.who):
-        refuse_if_in_use(cfg.output_dir)
-        candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
-        if candidates:
-            check_compatible(candidates[0], read_meta(candidates[0]), cfg)
-        data = load_dataset(cfg.dataset, cfg.data_dir)
-        policy = precision.Precision.of(cfg)
-        policy.before_model()
-        net = build_model(cfg.model_name, data.num_classes)
-        if not cfg.resume:
-            refuse_fresh_run(cfg.output_dir)
-        if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
-            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
-        with watchdog:
-            return _train(cfg, devices, candidates, data, net, policy, watchdog, comm)
+def build_devices(cfg: TrainConfig, dist: DistContext, policy, devices=None) -> list:
+    """This rank's devices (`devices`, or those the configuration names), checked against
+    the precision policy and the store."""
+    devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
+                                        cfg.gpus_per_worker)
+    policy.check_devices(devices)
+    check_store_for_devices(cfg.kvstore, dist, devices)
+    return devices
 
 
-def _train(cfg: TrainConfig, devices, candidates, data, net, policy, watchdog: Watchdog,
-           comm=None) -> Run:
-    dist = build_dist(cfg, comm)
+def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
+    """What this process does once it knows its rank, before it claims the run folder."""
     setup_logging(dist.rank)
     watchdog.set_rank(dist.rank)
     threads = share_cpu_threads(dist.local_size)
@@ -137,33 +117,51 @@ def _train(cfg: TrainConfig, devices, candidates, data, net, policy, watchdog: W
                     threads)
     if dist.is_root and cfg.tensorboard:  # before anything is written
         check_writable_dir(cfg.tensorboard, "--tensorboard")
-    lock = claim(cfg.output_dir, dist)  # checks --output-dir is writable first
-    try:
-        return _run(cfg, data, net, policy, dist, devices, candidates, watchdog)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
-def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candidates,
-         watchdog: Watchdog) -> Run:
-    devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
-                                        cfg.gpus_per_worker)
-    policy.check_devices(devices)
-    check_store_for_devices(cfg.kvstore, dist, devices)
-    worker_batch = cfg.batch_size * len(devices)
-    initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
-    policy.prepare_model(net)
-    trainer = build_trainer(net, cfg, dist, policy)
-    policy.prepare_trainer(trainer)
-    state = resume_state(candidates, net, trainer, devices, dist, cfg, worker_batch,
-                         len(data.train_y)) if cfg.resume else TrainState()
-    broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
-                         else worker_batch)
-    watchdog.beat("start-up (parameters broadcast)")
-    result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
-                 state, watchdog, policy)
-    if cfg.output_dir and dist.is_root:
-        logger.info("parameters saved to %s",
-                    save_params(net, os.path.join(cfg.output_dir, "model.params")))
-    return Run(net, trainer, dist, result)
+def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
+    """Run the whole job described by `cfg` in this process (one rank of it).
+
+    `devices` overrides the devices chosen from the configuration (a list of contexts).
+    `comm`, an mpi4py communicator, is the group of processes this job runs on (default:
+    every process of the launch); see ``examples/sweep_mpi.py``.
+    Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
+    holding another run or in use) is refused before anything is written: the run folder
+    decides before any data is loaded (:class:`RunDir`). From the first collective
+    (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step completes for
+    ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
+    launcher that started it is gone.
+    """
+    setup_logging(rank=0)
+    watchdog = Watchdog(cfg.stall_timeout)
+    with ExitStack() as until_the_end:  # each guard entered here lasts until the run ends
+        until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))
+        check_model_name(cfg.model_name)  # what the command names, before the folder
+        check_dataset(cfg.dataset, cfg.data_dir)
+        run_dir = RunDir.decide(cfg)
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        policy = precision.Precision.of(cfg)
+        policy.before_model()
+        net = build_model(cfg.model_name, data.num_classes)
+        if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
+            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+        until_the_end.enter_context(watchdog)
+        dist = build_dist(cfg, comm)
+        start_rank(cfg, dist, watchdog)
+        devices = build_devices(cfg, dist, policy, devices)
+        worker_batch = cfg.batch_size * len(devices)
+        initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+        policy.prepare_model(net)
+        trainer = build_trainer(net, cfg, dist, policy)
+        policy.prepare_trainer(trainer)
+        state = run_dir.restore(net, trainer, devices, dist, worker_batch, len(data.train_y))
+        until_the_end.enter_context(run_dir.claim(dist))
+        broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
+                             else worker_batch)
+        watchdog.beat("start-up (parameters broadcast)")
+        result = fit(net, trainer, data, devices, dist, cfg,
+                     build_outputs(cfg, dist, worker_batch), state, watchdog, policy)
+        if cfg.output_dir and dist.is_root:
+            logger.info("parameters saved to %s",
+                        save_params(net, os.path.join(cfg.output_dir, "model.params")))
+        return Run(net, trainer, dist, result)

@@ -76,8 +76,13 @@ def build_model(name: str, classes: int) -> nn.HybridBlock:
     ModelError
         If `name` is unknown; the message lists the valid names.
     """
+    check_model_name(name)
     if name in SMALL_MODELS:
         return SMALL_MODELS[name](classes)
-    if name in ZOO_MODELS:
-        return vision.get_model(name, classes=classes)
-    raise ModelError(f"unknown model {name!r}; choose one of: {', '.join(model_names())}")
+    return vision.get_model(name, classes=classes)
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name :func:`build_model` does not know (ModelError listing the valid ones)."""
+    if name not in SMALL_MODELS and name not in ZOO_MODELS:
+        raise ModelError(f"unknown model {name!r}; choose one of: {', '.join(model_names())}")

@@ -51,13 +51,38 @@ class Dataset:
 
 def load_dataset(name: str, data_dir: Optional[str] = None) -> Dataset:
     """Load dataset `name` ('cifar10', 'digits' or 'synthetic')."""
+    check_dataset(name, data_dir)
     if name == "cifar10":
         return load_cifar10(data_dir)
     if name == "digits":
         return load_digits()
-    if name == "synthetic":
-        return make_synthetic()
-    raise DatasetError(f"unknown dataset {name!r}; expected cifar10, digits or synthetic")
+    return make_synthetic()
+
+
+def check_dataset(name: str, data_dir: Optional[str] = None) -> None:
+    """Refuse, without reading a sample, a dataset that cannot load: an unknown name, or
+    CIFAR-10 files that are missing or not whole records (so a run can refuse them before
+    it judges its output folder)."""
+    if name not in ("cifar10", "digits", "synthetic"):
+        raise DatasetError(f"unknown dataset {name!r}; expected cifar10, digits or synthetic")
+    if name != "cifar10":
+        return
+    if not data_dir:
+        raise DatasetError("--dataset cifar10 needs --data-dir; " + CIFAR_SOURCE)
+    folder = _cifar_dir(data_dir)
+    wanted = CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,)
+    missing = [f for f in wanted if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise DatasetError(f"CIFAR-10 binary files missing in {os.path.abspath(folder)}: "
+                           f"{', '.join(missing)}; {CIFAR_SOURCE}")
+    for path in (os.path.join(folder, f) for f in wanted):
+        _check_cifar_size(path, os.path.getsize(path))
+
+
+def _check_cifar_size(path: str, size: int) -> None:
+    if size == 0 or size % CIFAR_RECORD:
+        raise DatasetError(f"{path} is not a CIFAR-10 binary file: {size} bytes is not a "
+                           f"whole number of {CIFAR_RECORD}-byte records (truncated?)")
 
 
 def _cifar_dir(data_dir: str) -> str:
@@ -74,9 +99,7 @@ def read_cifar_file(path: str) -> Tuple[np.ndarray, np.ndarray]:
         raw = np.fromfile(path, dtype=np.uint8)
     except OSError as err:
         raise DatasetError(f"cannot read CIFAR-10 file {path}: {err.strerror}") from None
-    if raw.size == 0 or raw.size % CIFAR_RECORD:
-        raise DatasetError(f"{path} is not a CIFAR-10 binary file: {raw.size} bytes is not a "
-                           f"whole number of {CIFAR_RECORD}-byte records (truncated?)")
+    _check_cifar_size(path, raw.size)
     records = raw.reshape(-1, CIFAR_RECORD)
     labels = records[:, 0].astype(np.int32)
     if labels.max() > 9:
@@ -86,14 +109,8 @@ def read_cifar_file(path: str) -> Tuple[np.ndarray, np.ndarray]:
 
 def load_cifar10(data_dir: Optional[str]) -> Dataset:
     """CIFAR-10 from the standard binary files in `data_dir`."""
-    if not data_dir:
-        raise DatasetError("--dataset cifar10 needs --data-dir; " + CIFAR_SOURCE)
+    check_dataset("cifar10", data_dir)
     folder = _cifar_dir(data_dir)
-    wanted = CIFAR_TRAIN_FILES + (CIFAR_TEST_FILE,)
-    missing = [f for f in wanted if not os.path.isfile(os.path.join(folder, f))]
-    if missing:
-        raise DatasetError(f"CIFAR-10 binary files missing in {os.path.abspath(folder)}: "
-                           f"{', '.join(missing)}; {CIFAR_SOURCE}")
     parts = [read_cifar_file(os.path.join(folder, f)) for f in CIFAR_TRAIN_FILES]
     test_x, test_y = read_cifar_file(os.path.join(folder, CIFAR_TEST_FILE))
     return Dataset("cifar10", np.concatenate([p[0] for p in parts]),

@@ -15,7 +15,8 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import precision
-from ..state.checkpoint import CHECKPOINTS, Checkpointer
+from ..state.checkpoint import Checkpointer
+from ..state.checkpoint_files import CHECKPOINTS
 from ..config import TrainConfig
 from ..data.datasets import Dataset
 from ..store.dist import DistContext

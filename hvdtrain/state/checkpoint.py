@@ -1,70 +1,32 @@
-"""Crash-safe checkpoints: written by rank 0 alone, loaded by every rank.
-
-Layout under the output folder::
-
-    checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
-                          trainer.states   optimizer state (Trainer.save_states)
-                          meta.json        written last: epoch, step, config, shapes, ...
-    checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
-    checkpoints/latest                     name of the newest complete checkpoint
+"""Crash-safe checkpoints: written by rank 0 alone (the layout: :mod:`.checkpoint_files`).
 
 A checkpoint is assembled in a hidden temporary folder, every file fsynced, then renamed into
 place, and only then does ``latest`` move (itself by an atomic rename). Pruning renames a
 checkpoint to a hidden name before deleting it. A crash at any moment leaves the previous
 checkpoint intact; a half-written or half-deleted folder is never a complete ``epoch-*``
-checkpoint, and :func:`clear_leftovers` removes what such crashes leave. ``meta.json`` is
-validated whenever it is read (:func:`read_meta`).
+checkpoint, and :func:`clear_leftovers` removes what such crashes leave.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import re
 import shutil
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
-from ..config import ConfigError
+from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
+                               checkpoint_name, complete_checkpoints, missing_files, param_shapes)
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-META = "meta.json"
-PARAMS = "model.params"
-STATES = "trainer.states"
-# epoch-0003: after 3 whole epochs; epoch-0003-step-0000041: stopped inside the 4th epoch
-# at optimizer step 41.
-_NAME = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?$")
 # What an interrupted save or prune leaves behind (never named epoch-*).
 _LEFTOVER_PREFIXES = (".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")
 
 logger = logging.getLogger("hvdtrain")
 
 
-def checkpoint_name(epoch: int, step: int, epoch_samples: int = 0) -> str:
-    """Folder name of a checkpoint after `epoch` whole epochs (and, inside the next epoch,
-    `epoch_samples` samples and `step` optimizer steps)."""
-    return f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if epoch_samples else "")
-
-
-def checkpoint_order(name: str):
-    """Sort key of a checkpoint name: (epochs completed, step inside the next epoch)."""
-    found = _NAME.match(name)
-    return int(found.group(1)), int(found.group(2) or 0)
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used; the message says which and why."""
-
-
 def save_params(net, path: str) -> str:
     """Save `net`'s parameters (Gluon ``save_parameters`` format) atomically to `path`."""
     return atomic_write(path, net.save_parameters)
-
-
-def param_shapes(net) -> Dict[str, List[int]]:
-    """Parameter name (as ``save_parameters`` writes it) to shape."""
-    return {name: list(p.shape) for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
 
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
@@ -124,20 +86,6 @@ def _write_text(path: str, text: str) -> None:
         out.write(text)
 
 
-def named_checkpoints(folder: str) -> List[str]:
-    """Every ``epoch-*`` folder in `folder`, oldest first."""
-    if not os.path.isdir(folder):
-        return []
-    return [os.path.join(folder, n)
-            for n in sorted((n for n in os.listdir(folder) if _NAME.match(n)),
-                            key=checkpoint_order)]
-
-
-def complete_checkpoints(folder: str) -> List[str]:
-    """Complete, valid ``epoch-*`` checkpoints in `folder`, oldest first."""
-    return [path for path in named_checkpoints(folder) if is_complete(path)]
-
-
 def prune(folder: str, keep: int) -> None:
     """Delete all but the newest `keep` complete checkpoints.
 
@@ -152,14 +100,14 @@ def prune(folder: str, keep: int) -> None:
 def clear_leftovers(folder: str) -> List[str]:
     """Remove what interrupted saves and prunes left in `folder`: temporary folders and
     files, and ``epoch-*`` folders missing a file (a delete cut short). Call it only while
-    holding the output folder (see :mod:`hvdtrain.state.outdir`): another run's save in progress
+    holding the output folder (see :mod:`hvdtrain.state.run_dir`): another run's save in progress
     looks the same. Returns the names removed."""
     removed = []
     if not os.path.isdir(folder):
         return removed
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
-        if not (entry.startswith(_LEFTOVER_PREFIXES) or (_NAME.match(entry) and
+        if not (entry.startswith(_LEFTOVER_PREFIXES) or (NAME_PATTERN.match(entry) and
                                                           missing_files(path))):
             continue
         if os.path.isdir(path):
@@ -168,59 +116,6 @@ def clear_leftovers(folder: str) -> List[str]:
             os.remove(path)
         removed.append(entry)
     return removed
-
-
-def missing_files(path: str) -> bool:
-    """Whether checkpoint folder `path` lacks a file its save always writes."""
-    if not (os.path.isfile(os.path.join(path, META)) and
-            os.path.isfile(os.path.join(path, PARAMS))):
-        return True
-    try:
-        with open(os.path.join(path, META), encoding="utf-8") as src:
-            has_states = json.load(src).get("has_states")
-    except (OSError, ValueError, AttributeError):
-        return False  # damaged, not half-deleted: kept for the user to look at
-    return has_states is True and not os.path.isfile(os.path.join(path, STATES))
-
-
-def is_complete(path: str) -> bool:
-    """Whether `path` holds a checkpoint whose files were all written and whose
-    ``meta.json`` is valid."""
-    try:
-        read_meta(path)
-    except CheckpointError:
-        return False
-    return not missing_files(path)
-
-
-def _whole(meta: Dict, key: str, default=None) -> int:
-    value = meta.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{key} is {value!r}, not a whole number >= 0")
-    return value
-
-
-def read_meta(path: str) -> Dict:
-    """The validated ``meta.json`` of checkpoint `path` (raises CheckpointError)."""
-    try:
-        with open(os.path.join(path, META), encoding="utf-8") as src:
-            meta = json.load(src)
-        if not isinstance(meta, dict):
-            raise TypeError("not an object")
-    except (OSError, ValueError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: cannot read "
-                              f"{META} ({err.__class__.__name__})") from None
-    try:
-        epoch, step = _whole(meta, "epoch"), _whole(meta, "step")
-        samples = _whole(meta, "epoch_samples", 0)
-        if not isinstance(meta.get("has_states", False), bool):
-            raise ValueError(f"has_states is {meta['has_states']!r}, not true or false")
-        name = os.path.basename(os.path.normpath(path))
-        if _NAME.match(name) and name != checkpoint_name(epoch, step, samples):
-            raise ValueError(f"epoch {epoch}, step {step} do not match the folder name")
-    except ValueError as err:
-        raise CheckpointError(f"checkpoint {path} has an invalid {META}: {err}") from None
-    return meta
 
 
 class Checkpointer:

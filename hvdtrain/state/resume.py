@@ -1,24 +1,19 @@
-"""Resuming a run: which checkpoint, whether this run may continue it, and loading it.
+"""Whether this run may continue a checkpoint, and what it changes when it does.
 
-``--resume`` names checkpoints best first (:func:`resolve_resume`); :func:`check_compatible`
-refuses, before anything is written, a run that differs from the checkpoint in what cannot
-change mid-run; :func:`resume_state` loads the first checkpoint that loads (passing over
-damaged ones with a warning), makes the ranks agree on it and applies the flags that may
-change (learning rate and schedule, momentum, weight decay, batch size, worker count).
+:func:`check_compatible` refuses a run that differs from the checkpoint in what cannot change
+mid-run; :func:`resumed_state`, once a checkpoint is loaded, refuses a stopped epoch this run
+cannot finish and applies the flags that may change (learning rate and schedule, momentum,
+weight decay, batch size, worker count). :class:`~hvdtrain.state.run_dir.RunDir` calls both.
 """
 from __future__ import annotations
 
 import logging
-import os
-from typing import Dict, List, Optional
-
-import mxnet as mx
+from typing import Dict, List
 
 from . import loss_scale
-from .checkpoint import CheckpointError, read_meta
+from .checkpoint_files import CheckpointError
 from ..config import TrainConfig, model_for
 from .train_state import TrainState
-from .resume_from import latest_checkpoint, loadable, resolve_resume, restore  # noqa: F401
 
 logger = logging.getLogger("hvdtrain")
 
@@ -91,23 +86,12 @@ def apply_settings(trainer, cfg: TrainConfig) -> None:
         optimizer.momentum = cfg.momentum
 
 
-def resume_state(candidates: List[str], net, trainer, devices, dist, cfg: TrainConfig,
-                 worker_batch: int, train_length: int):
-    """Load the first of `candidates` (best first) that loads, and return the
-    :class:`~hvdtrain.state.train_state.TrainState` training continues from.
-
-    Every rank loads the same files (the checkpoint must be visible to all of them). A
-    damaged checkpoint is passed over with a warning when an older one remains; the ranks
-    then check, with one collective, that they continue from the same position, since a
-    rank that loaded another would meet the others at a different step and hang.
-    """
-    path, meta = _restore_first(candidates, net, trainer, devices, cfg)
-    position = [int(meta["epoch"]) + 1, int(meta["step"]), int(meta.get("epoch_samples", 0))] \
-        if path else [0, 0, 0]
-    agree_on_position(dist, position, path)
-    if not path:
-        logger.info("no checkpoint to resume from: starting fresh")
-        return TrainState()
+def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker_batch: int,
+                  train_length: int) -> TrainState:
+    """The :class:`~hvdtrain.state.train_state.TrainState` training continues from after
+    checkpoint `path` (metadata `meta`) was loaded into `trainer`'s parameters: refuse a
+    stopped epoch this run cannot finish, then apply this run's settings and say what
+    changed."""
     samples = int(meta.get("epoch_samples", 0))
     if samples >= train_length:
         raise CheckpointError(f"checkpoint {path} has {samples} samples done in its epoch, "
@@ -137,42 +121,3 @@ def resume_state(candidates: List[str], net, trainer, devices, dist, cfg: TrainC
     logger.info("resumed from %s: epoch %d, step %d%s", path, meta["epoch"], meta["step"],
                 f", {samples} samples into epoch {int(meta['epoch']) + 1}" if samples else "")
     return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]), epoch_samples=samples)
-
-
-def _restore_first(candidates, net, trainer, devices, cfg):
-    """(path, meta) of the first candidate that loads, or (None, None) for none."""
-    for index, path in enumerate(candidates):
-        meta = read_meta(path)
-        check_compatible(path, meta, cfg, warn=False)
-        try:
-            restore(path, net, trainer, devices)
-            if index:
-                logger.warning("resuming from %s, the newest checkpoint that loads",
-                               path)
-            return path, meta
-        except CheckpointError as err:
-            if index == len(candidates) - 1:
-                if index:
-                    raise CheckpointError(f"{err} (and no older checkpoint loads either)") \
-                        from None
-                raise
-            logger.warning("%s; falling back to an older checkpoint", err)
-    return None, None
-
-
-def agree_on_position(dist, position: List[int], path: Optional[str]) -> None:
-    """Check that every rank continues from the same `position` (epoch + 1, step, samples).
-
-    Asynchronous stores (``dist_async``) have no collective to compare with: the check is
-    skipped, and said so, since every worker read the same folder by the same rules."""
-    if dist.num_workers == 1:
-        return
-    if not dist.synchronous:
-        logger.info("dist_async: the workers cannot compare which checkpoint each found (an "
-                    "asynchronous store has no collective); each read %s by the same rules",
-                    path or "no checkpoint")
-        return
-    total = dist.sum_across_workers("resume_check", mx.nd.array(position))
-    if [int(v) for v in total.asnumpy()] != [v * dist.num_workers for v in position]:
-        raise CheckpointError(f"ranks found different checkpoints to resume from (this rank: "
-                              f"{path or 'none'}); is the output folder shared by all ranks?")

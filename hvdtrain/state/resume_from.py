@@ -1,23 +1,31 @@
 """Which checkpoint ``--resume`` means, and loading one.
 
 ``--resume auto`` (or a folder) names the complete checkpoints best first: the one ``latest``
-points at, then the others newest first. Interrupted saves (files missing) are not
-checkpoints; damaged ones (an invalid ``meta.json``, a parameter file that does not load) are
-passed over with a warning while an older one remains, and refused in one line otherwise.
+points at, then the others newest first, each with its ``meta.json`` read (and validated)
+once. Interrupted saves (files missing) are not checkpoints; damaged ones (an invalid
+``meta.json``) are passed over with a warning while an older one remains, and refused in one
+line otherwise. A parameter file that does not load shows only when :func:`restore` loads it.
 """
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-import mxnet as mx
-
-from .checkpoint import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
+from .checkpoint_files import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
                          checkpoint_order, missing_files, named_checkpoints, param_shapes,
                          read_meta)
 
 logger = logging.getLogger("hvdtrain")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A complete checkpoint a resume may continue from, with its validated metadata."""
+
+    path: str
+    meta: Dict
 
 
 def _checkpoints_folder(folder: str) -> str:
@@ -29,10 +37,10 @@ def latest_checkpoint(folder: str) -> Optional[str]:
     """The newest complete checkpoint under `folder` (an output folder, its
     ``checkpoints`` folder), or None when there is none."""
     found = resume_candidates(folder)
-    return found[0] if found else None
+    return found[0].path if found else None
 
 
-def resume_candidates(folder: str, damaged: Optional[List[str]] = None) -> List[str]:
+def resume_candidates(folder: str, damaged: Optional[List[str]] = None) -> List[Candidate]:
     """Complete checkpoints under `folder`, best first: the one ``latest`` names, then the
     rest newest first. Why each damaged one was passed over is appended to `damaged`."""
     folder = _checkpoints_folder(folder)
@@ -48,15 +56,14 @@ def resume_candidates(folder: str, damaged: Optional[List[str]] = None) -> List[
         if missing_files(path):
             continue  # an interrupted save or prune: not a checkpoint
         try:
-            read_meta(path)
-            found.append(path)
+            found.append(Candidate(path, read_meta(path)))
         except CheckpointError as err:
             if damaged is not None:
                 damaged.append(str(err))
     return found
 
 
-def _usable(folder: str, what: str) -> List[str]:
+def _usable(folder: str, what: str) -> List[Candidate]:
     """Candidates in `folder`; damaged ones are warned about, or refused if all are."""
     damaged: List[str] = []
     found = resume_candidates(folder, damaged)
@@ -67,7 +74,7 @@ def _usable(folder: str, what: str) -> List[str]:
     return found
 
 
-def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> List[str]:
+def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> List[Candidate]:
     """The checkpoints `--resume` names, best first: for ``auto``, the complete ones in
     `output_dir` (empty if there is none: start fresh); a path is one checkpoint folder,
     or a folder holding checkpoints. Damaged ones are passed over with a warning; a folder
@@ -79,23 +86,24 @@ def resolve_resume(resume: Optional[str], output_dir: Optional[str]) -> List[str
     if not os.path.exists(resume):
         raise CheckpointError(f"--resume {resume} does not exist")
     if os.path.exists(os.path.join(resume, META)) or os.path.exists(os.path.join(resume, PARAMS)):
-        read_meta(resume)
+        meta = read_meta(resume)
         if missing_files(resume):
             raise CheckpointError(f"checkpoint {resume} is incomplete: files are missing")
-        return [resume]
+        return [Candidate(resume, meta)]
     found = _usable(resume, f"--resume {resume}")
     if not found:
         raise CheckpointError(f"--resume {resume} holds no complete checkpoint")
     return found
 
 
-def restore(path: str, net, trainer, devices) -> Dict:
-    """Load checkpoint `path` into `net` and `trainer`; return its metadata.
+def restore(path: str, net, trainer, devices, meta: Optional[Dict] = None) -> Dict:
+    """Load checkpoint `path` into `net` and `trainer`; return its metadata (`meta`, when
+    it was read already).
 
     Shapes are compared first, so a checkpoint of another model or dataset is refused with
     the first mismatching parameter named.
     """
-    meta = read_meta(path)
+    meta = read_meta(path) if meta is None else meta
     saved = meta.get("param_shapes", {})
     current = param_shapes(net)
     if set(saved) != set(current):
@@ -119,19 +127,3 @@ def restore(path: str, net, trainer, devices) -> Dict:
 def _corrupt(path: str, err: Exception) -> CheckpointError:
     first = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
     return CheckpointError(f"checkpoint {path} is corrupt: {first}")
-
-
-def loadable(candidates: List[str]) -> List[str]:
-    """`candidates` whose parameter file reads, so that a damaged one is refused (or passed
-    over, when an older one remains) before the run writes anything. A damaged optimizer
-    state file shows only when it is loaded, and falls back the same way then."""
-    found = []
-    for index, path in enumerate(candidates):
-        try:
-            mx.nd.load(os.path.join(path, PARAMS))
-            found.append(path)
-        except Exception as err:  # pylint: disable=broad-except
-            if index == len(candidates) - 1 and not found:
-                raise _corrupt(path, err) from None
-            logger.warning("%s; falling back to an older checkpoint", _corrupt(path, err))
-    return found

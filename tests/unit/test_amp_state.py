@@ -8,7 +8,8 @@ from mxnet import gluon
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 from hvdtrain.state import loss_scale
-from hvdtrain.state.checkpoint import Checkpointer, read_meta
+from hvdtrain.state.checkpoint import Checkpointer
+from hvdtrain.state.checkpoint_files import read_meta
 from hvdtrain.config import TrainConfig
 from hvdtrain.store.dist import DistContext
 from hvdtrain.job import build_checkpointer

@@ -11,7 +11,8 @@ from mxnet import autograd, gluon
 
 from hvdtrain.state import checkpoint as ckpt
 from hvdtrain.state import resume_from as resume
-from hvdtrain.state.checkpoint import CheckpointError, Checkpointer
+from hvdtrain.state.checkpoint import Checkpointer
+from hvdtrain.state.checkpoint_files import CheckpointError, read_meta
 
 
 def small_net(units=3):
@@ -63,7 +64,7 @@ def test_latest_pointer_and_pruning(tmp_path):
     folder = tmp_path / "checkpoints"
     assert sorted(os.listdir(folder)) == ["epoch-0004", "epoch-0005", "latest"]
     assert resume.latest_checkpoint(str(tmp_path)).endswith("epoch-0005")
-    assert ckpt.read_meta(str(folder / "epoch-0005"))["model"] == "dense"
+    assert read_meta(str(folder / "epoch-0005"))["model"] == "dense"
     assert Checkpointer(str(tmp_path), enabled=False).after_epoch(net, trainer, State(6)) is None
 
 
@@ -76,9 +77,10 @@ def test_resolve_resume(tmp_path):
         resume.resolve_resume(str(tmp_path), None)
     net = small_net()
     path = ckpt.save_checkpoint(str(tmp_path), net, trained(net), {"epoch": 3, "step": 9}, 3)
-    assert resume.resolve_resume("auto", str(tmp_path)) == [path]
-    assert resume.resolve_resume(str(tmp_path), None) == [path]
-    assert resume.resolve_resume(path, None) == [path]
+    for named in (("auto", str(tmp_path)), (str(tmp_path), None), (path, None)):
+        found = resume.resolve_resume(*named)
+        assert [c.path for c in found] == [path]
+        assert (found[0].meta["epoch"], found[0].meta["step"]) == (3, 9)  # read from the file
     with open(os.path.join(path, "meta.json"), "w") as meta:
         meta.write("{truncated")
     with pytest.raises(CheckpointError, match="corrupt"):
@@ -135,11 +137,11 @@ def assert_consistent(root):
     found = resume.latest_checkpoint(root)
     if found is None:
         return 0
-    epoch = ckpt.read_meta(found)["epoch"]
+    epoch = read_meta(found)["epoch"]
     with open(os.path.join(found, "model.params"), "rb") as src:
         data = src.read()
     assert data == bytes([epoch % 256]) * FakeNet.size, f"{found} is half-written"
-    assert resume.resolve_resume("auto", root)[0] == found
+    assert resume.resolve_resume("auto", root)[0].path == found
     return epoch
 
 

@@ -1,7 +1,7 @@
 import io
 import json
 
-from hvdtrain.state.checkpoint import atomic_write
+from hvdtrain.state.writes import atomic_write
 from hvdtrain.report.log import MetricsWriter, setup_logging
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import folder_digest, run_command, tool
-from hvdtrain.state.checkpoint import CheckpointError
+from hvdtrain.state.checkpoint_files import CheckpointError
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
 
@@ -30,22 +30,6 @@ def assert_refused(proc, *needles):
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-3000:]
     for needle in needles:
         assert needle in lines[0], lines[0]
-
-
-@pytest.fixture(scope="module")
-def two_epochs(tmp_path_factory):
-    """An output folder holding checkpoints epoch-0001 and epoch-0002 of a finished run."""
-    run = tmp_path_factory.mktemp("run")
-    proc = hvdtrain("--epochs", "2", "--output-dir", str(run))
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    return run
-
-
-@pytest.fixture
-def run_copy(two_epochs, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(two_epochs, copy)
-    return copy
 
 
 def test_resume_with_other_model_dataset_and_optimizer_is_refused(run_copy):

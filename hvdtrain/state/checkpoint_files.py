@@ -1,0 +1,118 @@
+"""What a checkpoint folder is on disk: its name, its files and its validated metadata.
+
+Layout under the output folder::
+
+    checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
+                          trainer.states   optimizer state (Trainer.save_states)
+                          meta.json        written last: epoch, step, config, shapes, ...
+    checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
+    checkpoints/latest                     name of the newest complete checkpoint
+
+:mod:`.checkpoint` writes them; ``meta.json`` is validated whenever it is read
+(:func:`read_meta`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Dict, List
+
+from ..config import ConfigError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+META = "meta.json"
+PARAMS = "model.params"
+STATES = "trainer.states"
+# epoch-0003: after 3 whole epochs; epoch-0003-step-0000041: stopped inside the 4th epoch
+# at optimizer step 41.
+NAME_PATTERN = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?$")
+
+
+def checkpoint_name(epoch: int, step: int, epoch_samples: int = 0) -> str:
+    """Folder name of a checkpoint after `epoch` whole epochs (and, inside the next epoch,
+    `epoch_samples` samples and `step` optimizer steps)."""
+    return f"epoch-{epoch:04d}" + (f"-step-{step:07d}" if epoch_samples else "")
+
+
+def checkpoint_order(name: str):
+    """Sort key of a checkpoint name: (epochs completed, step inside the next epoch)."""
+    found = NAME_PATTERN.match(name)
+    return int(found.group(1)), int(found.group(2) or 0)
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; the message says which and why."""
+
+
+def param_shapes(net) -> Dict[str, List[int]]:
+    """Parameter name (as ``save_parameters`` writes it) to shape."""
+    return {name: list(p.shape) for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+
+
+def named_checkpoints(folder: str) -> List[str]:
+    """Every ``epoch-*`` folder in `folder`, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    return [os.path.join(folder, n)
+            for n in sorted((n for n in os.listdir(folder) if NAME_PATTERN.match(n)),
+                            key=checkpoint_order)]
+
+
+def complete_checkpoints(folder: str) -> List[str]:
+    """Complete, valid ``epoch-*`` checkpoints in `folder`, oldest first."""
+    return [path for path in named_checkpoints(folder) if is_complete(path)]
+
+
+def missing_files(path: str) -> bool:
+    """Whether checkpoint folder `path` lacks a file its save always writes."""
+    if not (os.path.isfile(os.path.join(path, META)) and
+            os.path.isfile(os.path.join(path, PARAMS))):
+        return True
+    try:
+        with open(os.path.join(path, META), encoding="utf-8") as src:
+            has_states = json.load(src).get("has_states")
+    except (OSError, ValueError, AttributeError):
+        return False  # damaged, not half-deleted: kept for the user to look at
+    return has_states is True and not os.path.isfile(os.path.join(path, STATES))
+
+
+def is_complete(path: str) -> bool:
+    """Whether `path` holds a checkpoint whose files were all written and whose
+    ``meta.json`` is valid."""
+    try:
+        read_meta(path)
+    except CheckpointError:
+        return False
+    return not missing_files(path)
+
+
+def _whole(meta: Dict, key: str, default=None) -> int:
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key} is {value!r}, not a whole number >= 0")
+    return value
+
+
+def read_meta(path: str) -> Dict:
+    """The validated ``meta.json`` of checkpoint `path` (raises CheckpointError)."""
+    try:
+        with open(os.path.join(path, META), encoding="utf-8") as src:
+            meta = json.load(src)
+        if not isinstance(meta, dict):
+            raise TypeError("not an object")
+    except (OSError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path} is incomplete or corrupt: cannot read "
+                              f"{META} ({err.__class__.__name__})") from None
+    try:
+        epoch, step = _whole(meta, "epoch"), _whole(meta, "step")
+        samples = _whole(meta, "epoch_samples", 0)
+        if not isinstance(meta.get("has_states", False), bool):
+            raise ValueError(f"has_states is {meta['has_states']!r}, not true or false")
+        name = os.path.basename(os.path.normpath(path))
+        if NAME_PATTERN.match(name) and name != checkpoint_name(epoch, step, samples):
+            raise ValueError(f"epoch {epoch}, step {step} do not match the folder name")
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path} has an invalid {META}: {err}") from None
+    return meta

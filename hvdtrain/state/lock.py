@@ -1,0 +1,69 @@
+"""The lock that makes an output folder belong to one run at a time.
+
+Rank 0 holds an ``fcntl`` lock on ``<output-dir>/.hvdtrain.lock`` while the run lives, so a
+second run into the same folder is refused instead of deleting the first one's temporary
+checkpoint and mixing its lines into ``metrics.jsonl``. The kernel drops the lock when the
+process ends, however it ends (``kill -9`` included), so a crash never leaves it stuck.
+:class:`~hvdtrain.state.run_dir.RunDir` probes it at decide and takes it at claim.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from typing import Optional
+
+LOCK_FILE = ".hvdtrain.lock"
+
+
+class OutputLock:
+    """Rank 0's exclusive claim on an output folder (``flock``, non-blocking)."""
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, LOCK_FILE)
+        self._file = None
+
+    def acquire(self) -> bool:
+        """Take the lock; False if another process holds it."""
+        handle = open(self.path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        self._file = handle
+        return True
+
+    def held_by_another(self) -> Optional[str]:
+        """Who holds the lock now, if another process does; the file is left as it is."""
+        try:
+            probe = open(self.path, encoding="utf-8")  # pylint: disable=consider-using-with
+        except OSError:
+            return None
+        with probe:
+            try:
+                fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self.holder()
+            fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
+        return None
+
+    def holder(self) -> str:
+        """Who holds the lock, as its holder wrote it."""
+        try:
+            with open(self.path, encoding="utf-8") as src:
+                lines = [line.strip() for line in src if line.strip()]
+            return lines[-1] if lines else "another process"  # "pid N on HOST"
+        except OSError:
+            return "another process"
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
