@@ -29,6 +29,7 @@ from .state.resume import check_compatible, resume_state
 from .state.resume_from import loadable, resolve_resume
 from .state.train_state import TrainState
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
+from .loop.together import write_together
 from .runtime.watchdog import Watchdog, horovod_stall_env
 from .state.writes import check_writable_dir
 
@@ -145,6 +146,13 @@ def _train(cfg: TrainConfig, devices, candidates, data, net, policy, watchdog: W
             lock.release()
 
 
+def _save_final(net, output_dir: str, dist: DistContext) -> None:
+    """Rank 0 saves the trained parameters (every rank then learns whether it could)."""
+    if dist.is_root:
+        logger.info("parameters saved to %s",
+                    save_params(net, os.path.join(output_dir, "model.params")))
+
+
 def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candidates,
          watchdog: Watchdog) -> Run:
     devices = devices or select_devices(dist.local_rank, cfg.no_cuda, cfg.gpus,
@@ -163,7 +171,6 @@ def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candid
     watchdog.beat("start-up (parameters broadcast)")
     result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
                  state, watchdog, policy)
-    if cfg.output_dir and dist.is_root:
-        logger.info("parameters saved to %s",
-                    save_params(net, os.path.join(cfg.output_dir, "model.params")))
+    if cfg.output_dir:
+        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist), "the end")
     return Run(net, trainer, dist, result)

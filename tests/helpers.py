@@ -2,6 +2,7 @@
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,10 +18,57 @@ def tool(name):
     return os.path.join(BIN, name)
 
 
+# The commands the running test started and their output (or the file it goes to): when the
+# test fails, tests/conftest.py adds job_report() to its report, so a chance failure of a
+# multi-process test shows what every process said.
+_JOBS = []
+TAIL_LINES = 100
+# Launchers prefix each rank's lines: mpirun --tag-output "[1,0]<stderr>:", Gloo "[0]<stdout>:".
+_RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+
+
+def record_job(cmd, output=None, path=None):
+    """Note a command this test started, with its `output` or the `path` it writes to."""
+    _JOBS.append((list(map(str, cmd)), output, path))
+
+
+def clear_jobs():
+    del _JOBS[:]
+
+
+def split_by_process(output):
+    """{"rank N" or "launcher": its lines} of a launcher's combined output."""
+    parts = {}
+    for line in output.splitlines():
+        found = _RANK_PREFIX.match(line)
+        who = f"rank {found.group(1)}" if found else "launcher"
+        parts.setdefault(who, []).append(line[found.end():] if found else line)
+    return parts
+
+
+def job_report(lines=TAIL_LINES):
+    """The last `lines` lines of each process of every job the current test started."""
+    blocks = []
+    for cmd, output, path in _JOBS:
+        if output is None and path is not None:
+            try:
+                with open(path, errors="replace") as src:
+                    output = src.read()
+            except OSError as err:
+                output = f"(output file unreadable: {err})"
+        blocks.append("$ " + " ".join(cmd)[:300])
+        for who, part in sorted(split_by_process(output or "").items()):
+            shown = part[-lines:]
+            blocks.append(f"--- {who}: last {len(shown)} of {len(part)} lines")
+            blocks.extend(shown)
+    return "\n".join(blocks)
+
+
 def run_command(cmd, timeout, env=None, cwd=None):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail.
 
-    A hung collective must fail the test, not block CI.
+    A hung collective must fail the test, not block CI. The output is recorded for the
+    failure report (:func:`job_report`).
     """
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -32,7 +80,9 @@ def run_command(cmd, timeout, env=None, cwd=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
+        record_job(cmd, out)
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}")
+    record_job(cmd, out)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
