@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from helpers import folder_digest, run_command, split_by_process, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
-                  role_pids, run_ranks, tagged_launch, tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, rank_pids,
+                  reap, role_pids, run_ranks, tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,10 +62,30 @@ LONG_RUN = [tool("hvdtrain"), *DIGITS, "--epochs", "500"]
 ALL_LAUNCHERS = ["horovodrun", "horovodrun-gloo", "mpirun", "hvdtrain-launch"]
 
 
+@pytest.fixture
+def long_job():
+    """Start long digits runs (:func:`start_long_job`); whatever the test's outcome, every
+    process they started is killed at its end, so a failed test leaves no job behind to
+    slow the rest of the suite down."""
+    started = []
+
+    def start(name, extra=()):
+        proc, tag, victims = start_long_job(name, extra)
+        started.append((proc, tag))
+        return proc, tag, victims
+
+    yield start
+    for proc, tag in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(tag)
+        proc.wait()
+
+
 def start_long_job(name, extra=()):
     """Start a long digits run with two workers under launcher `name`; return the launcher
     process, the tag its processes carry, and the pids of the two training processes
-    (rank or worker order) once both run."""
+    (rank or worker order) once both run. Use it through the `long_job` fixture."""
     tag = uuid.uuid4().hex
     if name == "hvdtrain-launch":
         cmd = [tool("hvdtrain-launch"), "-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
@@ -76,52 +96,61 @@ def start_long_job(name, extra=()):
             + LONG_RUN + list(extra)
         victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
     proc = tagged_launch(cmd, tag)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_TIMEOUT
     while len(victims()) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
+        assert proc.poll() is None, f"the launcher exited ({proc.returncode}) before both ranks ran"
+        assert time.monotonic() < deadline, f"ranks not started after {START_TIMEOUT}s"
         time.sleep(0.2)
     return proc, tag, victims()
 
 
-@pytest.mark.parametrize("name", ALL_LAUNCHERS)
-def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
-    proc, tag, ranks = start_long_job(name)
-    time.sleep(3)  # mid-epoch
-    os.kill(ranks[1], signal.SIGKILL)
-    killed = time.monotonic()
-    out = reap(proc, tag, timeout=60)
-    elapsed = time.monotonic() - killed
-    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after kill -9 of one rank")
-    assert proc.returncode != 0, out[-2000:]
-    assert elapsed < 60
+# Outer bounds, not measurements: on a busy 2-core machine a start-up can take a minute.
+START_TIMEOUT = 180
 
 
-def _wait_for_training(out_dir, timeout=120):
-    """Wait until rank 0 has finished an epoch (so start-up is over on every rank)."""
+def _wait_for_training(proc, out_dir, timeout=START_TIMEOUT):
+    """Wait until rank 0 has finished an epoch (so start-up is over on every rank, and the
+    ranks are inside the next one). A job that ends first fails the test at once (its
+    output is in the failure report)."""
     deadline = time.monotonic() + timeout
     metrics = out_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
         if metrics.exists() and '"event": "epoch"' in metrics.read_text():
             return
+        assert proc.poll() is None, f"the job ended ({proc.returncode}) before its first epoch"
         time.sleep(0.2)
-    pytest.fail("no epoch finished")
+    pytest.fail(f"no epoch finished after {timeout}s")
 
 
 @pytest.mark.parametrize("name", ALL_LAUNCHERS)
-def test_a_frozen_rank_ends_the_job(name, tmp_path):
+def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path, long_job):
+    """kill -9 of one rank in the middle of training: the launcher ends the whole job with a
+    non-zero status instead of hanging (reap's bound)."""
+    proc, tag, ranks = long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(proc, tmp_path)  # past start-up: the ranks are inside an epoch
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.monotonic()
+    reap(proc, tag, timeout=120)
+    print(f"{name}: exited {proc.returncode} {time.monotonic() - killed:.1f}s after kill -9 "
+          f"of one rank")
+    assert proc.returncode != 0
+
+
+@pytest.mark.parametrize("name", ALL_LAUNCHERS)
+def test_a_frozen_rank_ends_the_job(name, tmp_path, long_job):
     """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
-    stops the job, and nothing is left (under MPI Horovod's own stall check never fires)."""
-    proc, tag, ranks = start_long_job(name, ["--stall-timeout", "30", "--output-dir",
-                                             str(tmp_path)])
-    _wait_for_training(tmp_path)
+    stops the job, and nothing is left (under MPI Horovod's own stall check never fires).
+    The watchdog's line (not Horovod's backstop at 1.5 x the timeout) says what ended it."""
+    proc, tag, ranks = long_job(name, ["--stall-timeout", "30", "--output-dir",
+                                       str(tmp_path)])
+    _wait_for_training(proc, tmp_path)
     os.kill(ranks[1], signal.SIGSTOP)
     stopped = time.monotonic()
-    out = reap(proc, tag, timeout=90)
-    elapsed = time.monotonic() - stopped
-    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after SIGSTOP of one rank")
-    assert proc.returncode != 0, out[-3000:]
-    assert "with no step completed" in out and "--stall-timeout 30" in out, out[-3000:]
-    assert elapsed < 60, out[-3000:]
+    out = reap(proc, tag, timeout=150)
+    print(f"{name}: exited {proc.returncode} {time.monotonic() - stopped:.1f}s after SIGSTOP "
+          f"of one rank")
+    assert proc.returncode != 0
+    assert "with no step completed" in out and "--stall-timeout 30" in out
 
 
 @pytest.mark.parametrize("name,signum", [("horovodrun", signal.SIGTERM),
@@ -129,26 +158,21 @@ def test_a_frozen_rank_ends_the_job(name, tmp_path):
                                          ("horovodrun-gloo", signal.SIGINT),
                                          ("horovodrun-gloo", signal.SIGTERM),
                                          ("hvdtrain-launch", signal.SIGTERM)])
-def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path):
+def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path,
+                                                             long_job):
     """What a supervisor, ``docker stop`` or a Kubernetes launcher pod does: signal the
     launcher's pid, not its process group. horovodrun (MPI) has become ``sh -c mpirun``, so
     the shell alone dies; the ranks notice their launcher is gone and exit."""
-    proc, tag, _ = start_long_job(name, ["--output-dir", str(tmp_path)])
-    _wait_for_training(tmp_path)  # ranks watch their launcher once hvdtrain runs
+    proc, tag, _ = long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(proc, tmp_path)  # ranks watch their launcher once hvdtrain runs
     os.kill(proc.pid, signum)
     signalled = time.monotonic()
-    proc.wait(timeout=60)
-    while tagged_pids(tag) and time.monotonic() - signalled < 60:
+    proc.wait(timeout=90)
+    while tagged_pids(tag) and time.monotonic() - signalled < 90:
         time.sleep(0.2)
-    elapsed = time.monotonic() - signalled
-    left = tagged_pids(tag)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    out = proc.stdout.read().decode()
-    print(f"{name}: every process gone {elapsed:.1f}s after {signal.Signals(signum).name} "
-          f"to the launcher pid")
-    assert left == [], out[-3000:]
-    assert elapsed < 30
+    print(f"{name}: every process gone {time.monotonic() - signalled:.1f}s after "
+          f"{signal.Signals(signum).name} to the launcher pid")
+    assert tagged_pids(tag) == [], "ranks outlived their launcher by 90 s"
 
 
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
