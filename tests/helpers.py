@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +85,25 @@ def run_command(cmd, timeout, env=None, cwd=None):
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}")
     record_job(cmd, out)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def assert_arrays_close(a, b, tol=0.0, what=""):
+    """Every element of array `a` within `tol` of `b` per unit of magnitude:
+    ``|a - b| <= tol * max(1, |b|)``; ``tol=0`` means bit-identical.
+
+    Absolute for values up to 1 (weights, gradients), relative above: BatchNorm's
+    ``running_var`` reaches about 100, where float32's spacing is 7.6e-6, so a plain
+    ``atol=1e-5`` is one or two roundings away from failing a correct run (it did, at
+    3.05e-5 on a value of 97). A relative bound holds by construction for any magnitude.
+    """
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert x.shape == y.shape, f"{what}: shape {x.shape} != {y.shape}"
+    diff = np.abs(x - y)
+    bad = diff > tol * np.maximum(1.0, np.abs(y))
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, diff, -1)), diff.shape)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {diff.size} elements differ by more "
+                             f"than {tol:g} per unit; worst {x[worst]!r} vs {y[worst]!r}")
 
 
 def folder_digest(folder):

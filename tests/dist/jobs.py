@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import record_job, run_command, tool
+from helpers import assert_arrays_close, record_job, run_command, tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB_TIMEOUT = 240
@@ -44,10 +44,12 @@ def run_ranks(prefix, out_dir, flags, timeout=JOB_TIMEOUT, env=None):
     return results, params, proc.stdout
 
 
-def assert_same_params(a, b, atol=0.0):
+def assert_same_params(a, b, tol=0.0):
+    """Same array names, each array within `tol` per unit of magnitude
+    (:func:`helpers.assert_arrays_close`; 0: bit-identical)."""
     assert sorted(a) == sorted(b)
     for key in a:
-        np.testing.assert_allclose(a[key], b[key], rtol=0, atol=atol, err_msg=key)
+        assert_arrays_close(a[key], b[key], tol, what=key)
 
 DIGITS = ["--dataset", "digits", "--no-cuda", "--log-interval", "0"]
 

@@ -41,8 +41,8 @@ def test_dist_sync_matches_horovod(tmp_path):
                          flags + ["--kvstore", "dist_sync"])
     _, hvd, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "hvd",
                           flags + ["--kvstore", "horovod"])
-    assert_same_params(ps[0], hvd[0], atol=1e-5)
-    assert_same_params(ps[1], hvd[1], atol=1e-5)
+    assert_same_params(ps[0], hvd[0], tol=1e-5)
+    assert_same_params(ps[1], hvd[1], tol=1e-5)
 
 
 def test_dist_async_learns(tmp_path):

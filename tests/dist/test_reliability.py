@@ -37,8 +37,8 @@ def test_resume_matches_an_uninterrupted_run(model, tmp_path):
     assert "resumed from" in out and "epoch 1, step 23" in out
     assert results[0]["steps"] == 3 * 23
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], atol=1e-6)
-    assert_same_params(resumed[0], resumed[1], atol=1e-6)
+        assert_same_params(full[rank], resumed[rank], tol=1e-6)
+    assert_same_params(resumed[0], resumed[1], tol=1e-6)
     # Both runs appended to one metrics file: epochs 0 and then 1, 2.
     records = [json.loads(l) for l in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
