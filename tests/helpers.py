@@ -106,6 +106,23 @@ def assert_arrays_close(a, b, tol=0.0, what=""):
                              f"than {tol:g} per unit; worst {x[worst]!r} vs {y[worst]!r}")
 
 
+def main_in_process(argv, capfd):
+    """Run ``hvdtrain``'s ``cli.main(argv)`` in this process; return (exit status, the
+    non-empty lines written to stdout and stderr, at the file-descriptor level).
+
+    A refusal needs no new interpreter: this saves the seconds an ``hvdtrain`` process
+    spends importing MXNet. Tests that the *whole process* prints one line (nothing from
+    the interpreter's exit, no library warnings) keep a few real processes."""
+    from hvdtrain.cli import main
+    capfd.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:  # argparse's usage errors
+        code = stop.code
+    captured = capfd.readouterr()
+    return code, [l for l in (captured.out + captured.err).splitlines() if l.strip()]
+
+
 def folder_digest(folder):
     """One hash over every file's path and bytes below `folder`: equal before and after
     means a refused command left the folder exactly as it was."""
