@@ -136,6 +136,7 @@ def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path, long_job):
     assert proc.returncode != 0
 
 
+@pytest.mark.slow  # each waits out a 30 s stall timeout after start-up
 @pytest.mark.parametrize("name", ALL_LAUNCHERS)
 def test_a_frozen_rank_ends_the_job(name, tmp_path, long_job):
     """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
