@@ -148,7 +148,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if HOROVOD_SHUT_DOWN in str(err):
             # Another rank failed (its own line says why) or vanished, and Horovod stopped
             # every collective: this rank's traceback would say nothing more.
-            error_line(f"hvdtrain: error: {HOROVOD_SHUT_DOWN.lower()}: another rank failed "
+            error_line(f"hvdtrain: error: {HOROVOD_SHUT_DOWN}: another rank failed "
                        f"or left the job (see its output)")
             return EXIT_FAILED
         logger.exception("training failed")

@@ -60,3 +60,19 @@ def test_single_worker_without_launcher(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "1 worker(s) x 1 device(s) x batch 64" in proc.stdout
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "model.params").exists()
+
+
+def test_a_peer_gone_is_one_line_not_a_traceback(monkeypatch, capfd):
+    """When another rank vanished, Horovod fails this rank's next collective with "Horovod
+    has been shut down"; the user sees one line (the other rank's says why) and exit 1."""
+    import mxnet as mx
+    import hvdtrain.cli as cli
+
+    def peer_gone(cfg):
+        raise mx.base.MXNetError("MXNetError: Horovod has been shut down. This was caused by "
+                                 "an exception on one of the ranks or an attempt to allreduce")
+    monkeypatch.setattr(cli, "train", peer_gone)
+    code, lines = main_in_process(BASE, capfd)
+    assert code == 1
+    assert lines == ["hvdtrain: error: Horovod has been shut down: another rank failed or "
+                     "left the job (see its output)"]
