@@ -13,6 +13,7 @@ import helpers  # noqa: E402
 def _forget_jobs():
     helpers.clear_jobs()
     yield
+    helpers.clear_jobs()  # after the failure report (made before teardown) has read them
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -34,6 +34,10 @@ def record_job(cmd, output=None, path=None):
 
 
 def clear_jobs():
+    """Forget the recorded jobs, removing the output files they wrote to."""
+    for _, _, path in _JOBS:
+        if path is not None and os.path.exists(path):
+            os.remove(path)
     del _JOBS[:]
 
 
