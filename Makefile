@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-unit test-dist bench clean
+.PHONY: install demo test test-fast test-unit test-dist bench clean
 
 install:
 	bash scripts/install-deps.sh --venv $(VENV)
@@ -18,8 +18,13 @@ demo: install
 	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir $(DEMO_DIR)
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
+# The whole suite, as CI runs it; the 15 slowest tests are listed at the end.
 test: install
-	$(PY) -m pytest -q -ra tests
+	$(PY) -m pytest -q -ra --durations=15 tests
+
+# While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
+test-fast: install
+	$(PY) -m pytest -q -ra --durations=15 -m "not slow" tests
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit

@@ -18,12 +18,15 @@ from . import config as cfgmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
 from .loop.guard import NonFiniteLoss
+from .loop.together import StoppedTogether
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
 from .state.writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED = 0, 1, 2, 3
+# Horovod's error for a collective after its background thread stopped (a peer is gone).
+HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
 EXAMPLES = """examples:
   hvdtrain --dataset digits --no-cuda --epochs 5
@@ -131,13 +134,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OutputError as err:
         error_line(f"hvdtrain: error: {err}")
         return EXIT_FAILED
+    except StoppedTogether as err:
+        error_line(err.line)
+        err.leave()
+        return EXIT_FAILED
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED
     except KeyboardInterrupt:
         error_line("hvdtrain: interrupted")
         return 130
-    except Exception:  # pylint: disable=broad-except
+    except Exception as err:  # pylint: disable=broad-except
+        if HOROVOD_SHUT_DOWN in str(err):
+            # Another rank failed (its own line says why) or vanished, and Horovod stopped
+            # every collective: this rank's traceback would say nothing more.
+            error_line(f"hvdtrain: error: {HOROVOD_SHUT_DOWN}: another rank failed "
+                       f"or left the job (see its output)")
+            return EXIT_FAILED
         logger.exception("training failed")
         return EXIT_FAILED
     return EXIT_OK

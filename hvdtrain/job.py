@@ -31,6 +31,7 @@ from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
+from .loop.together import write_together
 from .runtime.watchdog import Watchdog, horovod_stall_env
 from .state.writes import check_writable_dir
 
@@ -119,6 +120,13 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
         check_writable_dir(cfg.tensorboard, "--tensorboard")
 
 
+def _save_final(net, output_dir: str, dist: DistContext) -> None:
+    """Rank 0 saves the trained parameters (every rank then learns whether it could)."""
+    if dist.is_root:
+        logger.info("parameters saved to %s",
+                    save_params(net, os.path.join(output_dir, "model.params")))
+
+
 def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     """Run the whole job described by `cfg` in this process (one rank of it).
 
@@ -161,7 +169,6 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         watchdog.beat("start-up (parameters broadcast)")
         result = fit(net, trainer, data, devices, dist, cfg,
                      build_outputs(cfg, dist, worker_batch), state, watchdog, policy)
-        if cfg.output_dir and dist.is_root:
-            logger.info("parameters saved to %s",
-                        save_params(net, os.path.join(cfg.output_dir, "model.params")))
+        if cfg.output_dir:
+            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist), "the end")
         return Run(net, trainer, dist, result)

@@ -2,10 +2,12 @@
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,10 +19,61 @@ def tool(name):
     return os.path.join(BIN, name)
 
 
+# The commands the running test started and their output (or the file it goes to): when the
+# test fails, tests/conftest.py adds job_report() to its report, so a chance failure of a
+# multi-process test shows what every process said.
+_JOBS = []
+TAIL_LINES = 100
+# Launchers prefix each rank's lines: mpirun --tag-output "[1,0]<stderr>:", Gloo "[0]<stdout>:".
+_RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
+
+
+def record_job(cmd, output=None, path=None):
+    """Note a command this test started, with its `output` or the `path` it writes to."""
+    _JOBS.append((list(map(str, cmd)), output, path))
+
+
+def clear_jobs():
+    """Forget the recorded jobs, removing the output files they wrote to."""
+    for _, _, path in _JOBS:
+        if path is not None and os.path.exists(path):
+            os.remove(path)
+    del _JOBS[:]
+
+
+def split_by_process(output):
+    """{"rank N" or "launcher": its lines} of a launcher's combined output."""
+    parts = {}
+    for line in output.splitlines():
+        found = _RANK_PREFIX.match(line)
+        who = f"rank {found.group(1)}" if found else "launcher"
+        parts.setdefault(who, []).append(line[found.end():] if found else line)
+    return parts
+
+
+def job_report(lines=TAIL_LINES):
+    """The last `lines` lines of each process of every job the current test started."""
+    blocks = []
+    for cmd, output, path in _JOBS:
+        if output is None and path is not None:
+            try:
+                with open(path, errors="replace") as src:
+                    output = src.read()
+            except OSError as err:
+                output = f"(output file unreadable: {err})"
+        blocks.append("$ " + " ".join(cmd)[:300])
+        for who, part in sorted(split_by_process(output or "").items()):
+            shown = part[-lines:]
+            blocks.append(f"--- {who}: last {len(shown)} of {len(part)} lines")
+            blocks.extend(shown)
+    return "\n".join(blocks)
+
+
 def run_command(cmd, timeout, env=None, cwd=None):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail.
 
-    A hung collective must fail the test, not block CI.
+    A hung collective must fail the test, not block CI. The output is recorded for the
+    failure report (:func:`job_report`).
     """
     full_env = dict(os.environ)
     full_env.update(env or {})
@@ -32,8 +85,46 @@ def run_command(cmd, timeout, env=None, cwd=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-4000:]}")
+        record_job(cmd, out)
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}")
+    record_job(cmd, out)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def assert_arrays_close(a, b, tol=0.0, what=""):
+    """Every element of array `a` within `tol` of `b` per unit of magnitude:
+    ``|a - b| <= tol * max(1, |b|)``; ``tol=0`` means bit-identical.
+
+    Absolute for values up to 1 (weights, gradients), relative above: BatchNorm's
+    ``running_var`` reaches about 100, where float32's spacing is 7.6e-6, so a plain
+    ``atol=1e-5`` is one or two roundings away from failing a correct run (it did, at
+    3.05e-5 on a value of 97). A relative bound holds by construction for any magnitude.
+    """
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    assert x.shape == y.shape, f"{what}: shape {x.shape} != {y.shape}"
+    diff = np.abs(x - y)
+    bad = diff > tol * np.maximum(1.0, np.abs(y))
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, diff, -1)), diff.shape)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {diff.size} elements differ by more "
+                             f"than {tol:g} per unit; worst {x[worst]!r} vs {y[worst]!r}")
+
+
+def main_in_process(argv, capfd):
+    """Run ``hvdtrain``'s ``cli.main(argv)`` in this process; return (exit status, the
+    non-empty lines written to stdout and stderr, at the file-descriptor level).
+
+    A refusal needs no new interpreter: this saves the seconds an ``hvdtrain`` process
+    spends importing MXNet. Tests that the *whole process* prints one line (nothing from
+    the interpreter's exit, no library warnings) keep a few real processes."""
+    from hvdtrain.cli import main
+    capfd.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as stop:  # argparse's usage errors
+        code = stop.code
+    captured = capfd.readouterr()
+    return code, [l for l in (captured.out + captured.err).splitlines() if l.strip()]
 
 
 def folder_digest(folder):

@@ -26,6 +26,7 @@ from .evaluate import evaluate
 from ..store.buckets import BucketedTrainer
 from ..store.gluon_internals import set_up_store
 from .guard import FiniteGuard
+from .together import write_together
 from ..data.loader import BatchLoader
 from ..report.log import MetricsWriter
 from .replicas import average_running_stats
@@ -130,17 +131,35 @@ class Outputs:
 
 
 def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, result,
-                          epoch_length: int) -> None:
+                          epoch_length: int, dist: DistContext) -> None:
     """Record a stop inside an epoch (``--max-steps``): the epoch is not counted as done;
     its checkpoint keeps the samples processed so that a resume runs only the rest."""
     logger.info("stopped at step %d, %d of %d samples into epoch %d  test acc %.4f",
                 state.step, min(state.epoch_samples, epoch_length), epoch_length,
                 state.epoch + 1, result.accuracy)
-    outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
-                          epoch_samples=state.epoch_samples, test_acc=result.accuracy,
-                          test_loss=result.loss, lr=trainer.learning_rate)
+
+    def write():
+        outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
+                              epoch_samples=state.epoch_samples, test_acc=result.accuracy,
+                              test_loss=result.loss, lr=trainer.learning_rate)
+        if outputs.checkpointer is not None:
+            outputs.checkpointer.after_epoch(net, trainer, state, last=True)
+
+    write_together(dist, write, f"step {state.step}")
+
+
+def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: dict,
+                   last: bool) -> None:
+    """Rank 0's writes after an epoch: its metrics record, scalars and checkpoint."""
+    outputs.metrics.write("epoch", **record)
+    if outputs.tensorboard is not None:
+        outputs.tensorboard.epoch(record["epoch"], train_loss=record["train_loss"],
+                                  train_acc=record["train_acc"], test_loss=record["test_loss"],
+                                  test_acc=record["test_acc"],
+                                  train_samples_per_sec=record["samples_per_sec"],
+                                  train_lr=record["lr"])
     if outputs.checkpointer is not None:
-        outputs.checkpointer.after_epoch(net, trainer, state, last=True)
+        outputs.checkpointer.after_epoch(net, trainer, state, last=last)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -172,10 +191,13 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
                 train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,
                 cfg.lr_scaling, cfg.kvstore)
-    metrics.write("start", config=cfg.to_dict(), num_workers=dist.num_workers,
-                  steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices],
-                  start_epoch=state.epoch, start_step=state.step,
-                  start_epoch_samples=state.epoch_samples)
+    # Rank 0 writes; every rank learns whether it could (write_together), so a full disk
+    # stops all of them at the same point instead of leaving them inside a collective.
+    write_together(dist, lambda: metrics.write(
+        "start", config=cfg.to_dict(), num_workers=dist.num_workers,
+        steps_per_epoch=steps_per_epoch, devices=[str(d) for d in devices],
+        start_epoch=state.epoch, start_step=state.step,
+        start_epoch_samples=state.epoch_samples), "the start")
     run_start = time.perf_counter()
     result = None
     epochs = []
@@ -193,7 +215,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         if not stats.complete:
             _stopped_inside_epoch(net, trainer, state, outputs, result,
-                                  len(data.train_y))
+                                  len(data.train_y), dist)
             break
         state.epoch += 1
         state.epoch_samples = 0
@@ -206,23 +228,21 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                       epoch_time=stats.seconds, lr=trainer.learning_rate,
                       num_workers=dist.num_workers, batch_size=cfg.batch_size)
         epochs.append(record)
-        metrics.write("epoch", **record)
-        if outputs.tensorboard is not None:
-            outputs.tensorboard.epoch(epoch, train_loss=stats.loss, train_acc=stats.accuracy,
-                                      test_loss=result.loss, test_acc=result.accuracy,
-                                      train_samples_per_sec=stats.samples_per_sec,
-                                      train_lr=trainer.learning_rate)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if outputs.checkpointer is not None:
-            outputs.checkpointer.after_epoch(net, trainer, state,
-                                             last=stopping or state.epoch == cfg.epochs)
+        write_together(dist, lambda: _epoch_outputs(
+            outputs, net, trainer, state, record, last=stopping or state.epoch == cfg.epochs),
+            f"step {state.step}")
         if stopping:
             break
     total_time = time.perf_counter() - run_start
     test_acc = result.accuracy if result else None
-    metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
-    if outputs.tensorboard is not None:
-        outputs.tensorboard.close()
+
+    def write_end():
+        metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
+        if outputs.tensorboard is not None:
+            outputs.tensorboard.close()
+
+    write_together(dist, write_end, f"step {state.step}")
     for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
                               outputs.written()):
         logger.info("%s", line)

@@ -113,6 +113,11 @@ class HorovodKVStore(KVStoreBase):
         """Number of workers on this worker's host."""
         return self._hvd.local_size()
 
+    def shutdown(self):
+        """Stop Horovod on this rank. When every rank calls it at the same point their
+        background threads stop together, and none sees a vanished peer."""
+        self._hvd.shutdown()
+
     def broadcast(self, key, value, out, priority=0):
         """Broadcast `value` from rank 0 and write it to every array of `out`.
 

@@ -52,7 +52,6 @@ def loopback_hosts(folder, addresses=ADDRESSES):
     """Start sshd on `addresses`; yield a :class:`LoopbackHosts`; stop it."""
     folder = str(folder)
     os.makedirs(folder, exist_ok=True)
-    port = _free_port()
     host_key, client_key = os.path.join(folder, "host_key"), os.path.join(folder, "client_key")
     for key in (host_key, client_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
@@ -60,39 +59,60 @@ def loopback_hosts(folder, addresses=ADDRESSES):
     with open(client_key + ".pub") as pub, open(authorized, "w") as out:
         out.write(pub.read())
     os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation folder
-    log = open(os.path.join(folder, "sshd.log"), "w")
-    daemons = []
     named = _can_set_hostname()
-    for address in addresses:
-        config = os.path.join(folder, f"sshd_config.{address}")
-        with open(config, "w") as out:
-            out.write(f"ListenAddress {address}:{port}\nHostKey {host_key}\n"
-                      f"AuthorizedKeysFile {authorized}\nPidFile {folder}/sshd.{address}.pid\n"
-                      "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                      "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                      "LogLevel ERROR\nMaxStartups 100\nMaxSessions 100\n")
-        command = [SSHD, "-D", "-e", "-f", config]
-        if named:
-            # Real hosts have distinct hostnames, and Open MPI names its shared-memory files
-            # and session folders after them: two "hosts" sharing one name collide there.
-            # The address itself is the name, so it resolves without touching /etc/hosts.
-            command = ["unshare", "--uts", "sh", "-c", f'hostname {address} && exec "$@"',
-                       "sh"] + command
-        daemons.append(subprocess.Popen(command, stdout=log, stderr=log))
-    hosts = LoopbackHosts(list(addresses), port, client_key, folder, named)
-    try:
-        deadline = time.monotonic() + 20
-        while any(hosts.ssh(a, "true").returncode for a in addresses):
-            if any(d.poll() is not None for d in daemons) or time.monotonic() > deadline:
-                raise RuntimeError("private sshd did not come up: "
-                                   + open(os.path.join(folder, "sshd.log")).read())
-            time.sleep(0.2)
-        yield hosts
-    finally:
-        for daemon in daemons:
-            daemon.terminate()
-            daemon.wait(timeout=10)
-        log.close()
+    # A port found free is only free until someone else binds it (other test runs share the
+    # machine): when a daemon cannot bind, start over on another one.
+    for attempt in range(5):
+        port = _free_port()
+        log_path = os.path.join(folder, f"sshd.{attempt}.log")
+        daemons = _start_daemons(folder, addresses, port, host_key, authorized, named,
+                                 log_path)
+        hosts = LoopbackHosts(list(addresses), port, client_key, folder, named)
+        try:
+            if _wait_until_up(hosts, daemons, log_path):
+                yield hosts
+                return
+        finally:
+            for daemon in daemons:
+                daemon.terminate()
+                daemon.wait(timeout=10)
+    raise RuntimeError("private sshd could not bind a port: " + open(log_path).read())
+
+
+def _start_daemons(folder, addresses, port, host_key, authorized, named, log_path):
+    daemons = []
+    with open(log_path, "w") as log:
+        for address in addresses:
+            config = os.path.join(folder, f"sshd_config.{address}")
+            with open(config, "w") as out:
+                out.write(f"ListenAddress {address}:{port}\nHostKey {host_key}\n"
+                          f"AuthorizedKeysFile {authorized}\n"
+                          f"PidFile {folder}/sshd.{address}.pid\n"
+                          "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                          "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                          "LogLevel ERROR\nMaxStartups 100\nMaxSessions 100\n")
+            command = [SSHD, "-D", "-e", "-f", config]
+            if named:
+                # Real hosts have distinct hostnames, and Open MPI names its shared-memory
+                # files and session folders after them: two "hosts" sharing one name collide
+                # there. The address itself is the name, so it resolves without /etc/hosts.
+                command = ["unshare", "--uts", "sh", "-c", f'hostname {address} && exec "$@"',
+                           "sh"] + command
+            daemons.append(subprocess.Popen(command, stdout=log, stderr=log))
+    return daemons
+
+
+def _wait_until_up(hosts, daemons, log_path, timeout=120):
+    """True once every address answers ssh; False when a daemon exited (a port taken).
+    The timeout is a generous bound for a busy machine."""
+    deadline = time.monotonic() + timeout
+    while any(hosts.ssh(a, "true").returncode for a in hosts.addresses):
+        if any(d.poll() is not None for d in daemons):
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError("private sshd did not come up: " + open(log_path).read())
+        time.sleep(0.2)
+    return True
 
 
 def _can_set_hostname():

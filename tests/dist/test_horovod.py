@@ -34,13 +34,13 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
     _, two, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "two",
                           flags + ["--batch-size", "16"])
     _, one, _ = run_ranks([], tmp_path / "one", flags + ["--batch-size", "32"])
-    assert_same_params(two[0], one[0], atol=1e-5)
+    assert_same_params(two[0], one[0], tol=1e-5)
     # The comparison must be able to fail: a different sampling mode changes the result.
     (tmp_path / "contig").mkdir()
     _, contig, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "contig",
                              flags + ["--batch-size", "16", "--sampling", "contiguous"])
     with pytest.raises(AssertionError):
-        assert_same_params(contig[0], one[0], atol=1e-5)
+        assert_same_params(contig[0], one[0], tol=1e-5)
 
 
 @pytest.mark.parametrize("option", ["", "--no-hybridize", "--fp16-allreduce"])
@@ -62,8 +62,8 @@ def test_gradient_buckets_leave_the_result_unchanged(option, tmp_path):
     assert buckets_by_cap["0.002"] > 1
     if "25" in buckets_by_cap:
         assert buckets_by_cap["25"] == 1
-        assert_same_params(params_by_cap["25"], params_by_cap["0"], atol=1e-6)
-    assert_same_params(params_by_cap["0.002"], params_by_cap["0"], atol=1e-6)
+        assert_same_params(params_by_cap["25"], params_by_cap["0"], tol=1e-6)
+    assert_same_params(params_by_cap["0.002"], params_by_cap["0"], tol=1e-6)
 
 
 def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):

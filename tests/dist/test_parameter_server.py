@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from helpers import run_command, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, reap, role_pids,
-                  run_ranks, tagged_launch, tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, reap,
+                  role_pids, run_ranks, tagged_launch, tagged_pids)
 from loopback_hosts import loopback_hosts
 
 pytestmark = pytest.mark.dist
@@ -41,8 +41,8 @@ def test_dist_sync_matches_horovod(tmp_path):
                          flags + ["--kvstore", "dist_sync"])
     _, hvd, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "hvd",
                           flags + ["--kvstore", "horovod"])
-    assert_same_params(ps[0], hvd[0], atol=1e-5)
-    assert_same_params(ps[1], hvd[1], atol=1e-5)
+    assert_same_params(ps[0], hvd[0], tol=1e-5)
+    assert_same_params(ps[1], hvd[1], tol=1e-5)
 
 
 def test_dist_async_learns(tmp_path):
@@ -62,12 +62,13 @@ def test_worker_that_raises_stops_the_job(tmp_path):
                                    os.path.join(HERE, "failing_worker.py"), "--kvstore",
                                    "dist_sync", *DIGITS, "--epochs", "3"), tag)
     seen = set()
-    while proc.poll() is None and time.monotonic() - start < 60:
+    # The job must end by itself: the bound is generous (a busy 2-core machine), the
+    # failure is a job still running after it.
+    while proc.poll() is None and time.monotonic() - start < 120:
         seen.update(tagged_pids(tag))
         time.sleep(0.2)
     out = reap(proc, tag, timeout=5)
     assert proc.returncode != 0
-    assert time.monotonic() - start < 30 + 10  # 10 s of start-up on a loaded machine
     assert "injected failure on rank" in out
     assert len(seen) >= 4  # scheduler, server, two workers
 
@@ -97,7 +98,7 @@ def test_any_python_worker_program_that_fails_ends_the_job(how, fail, status, si
                                    "--env", "HVDTRAIN_TEST_TAG",
                                    "--env-worker", f"PS_PROGRAM_FAIL:{fail}", sys.executable,
                                    os.path.join(HERE, "ps_program.py")), tag)
-    out = reap(proc, tag, timeout=120)
+    out = reap(proc, tag, timeout=120)  # a hang fails here
     assert proc.returncode == status, out[-3000:]
     if status:
         assert f"exited with status {status}; stopping the job" in out
@@ -111,16 +112,17 @@ def test_killed_worker_stops_the_job(tmp_path):
     tag = uuid.uuid4().hex
     proc = tagged_launch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG",
                                    tool("hvdtrain"), "--kvstore", "dist_sync", *DIGITS,
-                                   "--epochs", "500"), tag)
-    deadline = time.monotonic() + 90
-    while len(role_pids(tag, "worker")) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "workers never started"
+                                   "--epochs", "500", "--output-dir", str(tmp_path)), tag)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 180  # a bound for a busy machine, not a measurement
+    # Training has got going once worker 0 has recorded an epoch.
+    while not (metrics.exists() and '"event": "epoch"' in metrics.read_text()):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tagged(tag)
+            pytest.fail(f"no epoch finished (launcher: {proc.poll()})")
         time.sleep(0.2)
-    time.sleep(3)  # let training get going
     os.kill(role_pids(tag, "worker")[1], signal.SIGKILL)
-    killed_at = time.monotonic()
-    out = reap(proc, tag, timeout=30)
-    assert time.monotonic() - killed_at < 30
+    out = reap(proc, tag, timeout=60)  # a job that does not end fails here
     assert proc.returncode == 128 + signal.SIGKILL, out[-2000:]
 
 

@@ -1,4 +1,5 @@
 """Resume, failing fast when a rank dies, and the finite-loss guard, with real launchers."""
+import contextlib
 import json
 import os
 import signal
@@ -10,9 +11,9 @@ import uuid
 import numpy as np
 import pytest
 
-from helpers import folder_digest, run_command, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, launcher, rank_pids, reap,
-                  role_pids, run_ranks, tagged_launch, tagged_pids)
+from helpers import folder_digest, main_in_process, run_command, split_by_process, tool
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, rank_pids,
+                  reap, role_pids, run_ranks, tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,8 +37,8 @@ def test_resume_matches_an_uninterrupted_run(model, tmp_path):
     assert "resumed from" in out and "epoch 1, step 23" in out
     assert results[0]["steps"] == 3 * 23
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], atol=1e-6)
-    assert_same_params(resumed[0], resumed[1], atol=1e-6)
+        assert_same_params(full[rank], resumed[rank], tol=1e-6)
+    assert_same_params(resumed[0], resumed[1], tol=1e-6)
     # Both runs appended to one metrics file: epochs 0 and then 1, 2.
     records = [json.loads(l) for l in (stopped / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
@@ -61,10 +62,30 @@ LONG_RUN = [tool("hvdtrain"), *DIGITS, "--epochs", "500"]
 ALL_LAUNCHERS = ["horovodrun", "horovodrun-gloo", "mpirun", "hvdtrain-launch"]
 
 
+@pytest.fixture
+def long_job():
+    """Start long digits runs (:func:`start_long_job`); whatever the test's outcome, every
+    process they started is killed at its end, so a failed test leaves no job behind to
+    slow the rest of the suite down."""
+    started = []
+
+    def start(name, extra=()):
+        proc, tag, victims = start_long_job(name, extra)
+        started.append((proc, tag))
+        return proc, tag, victims
+
+    yield start
+    for proc, tag in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(tag)
+        proc.wait()
+
+
 def start_long_job(name, extra=()):
     """Start a long digits run with two workers under launcher `name`; return the launcher
     process, the tag its processes carry, and the pids of the two training processes
-    (rank or worker order) once both run."""
+    (rank or worker order) once both run. Use it through the `long_job` fixture."""
     tag = uuid.uuid4().hex
     if name == "hvdtrain-launch":
         cmd = [tool("hvdtrain-launch"), "-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
@@ -75,52 +96,62 @@ def start_long_job(name, extra=()):
             + LONG_RUN + list(extra)
         victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
     proc = tagged_launch(cmd, tag)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + START_TIMEOUT
     while len(victims()) < 2:
-        assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
+        assert proc.poll() is None, f"the launcher exited ({proc.returncode}) before both ranks ran"
+        assert time.monotonic() < deadline, f"ranks not started after {START_TIMEOUT}s"
         time.sleep(0.2)
     return proc, tag, victims()
 
 
-@pytest.mark.parametrize("name", ALL_LAUNCHERS)
-def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path):
-    proc, tag, ranks = start_long_job(name)
-    time.sleep(3)  # mid-epoch
-    os.kill(ranks[1], signal.SIGKILL)
-    killed = time.monotonic()
-    out = reap(proc, tag, timeout=60)
-    elapsed = time.monotonic() - killed
-    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after kill -9 of one rank")
-    assert proc.returncode != 0, out[-2000:]
-    assert elapsed < 60
+# Outer bounds, not measurements: on a busy 2-core machine a start-up can take a minute.
+START_TIMEOUT = 180
 
 
-def _wait_for_training(out_dir, timeout=120):
-    """Wait until rank 0 has finished an epoch (so start-up is over on every rank)."""
+def _wait_for_training(proc, out_dir, timeout=START_TIMEOUT):
+    """Wait until rank 0 has finished an epoch (so start-up is over on every rank, and the
+    ranks are inside the next one). A job that ends first fails the test at once (its
+    output is in the failure report)."""
     deadline = time.monotonic() + timeout
     metrics = out_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
         if metrics.exists() and '"event": "epoch"' in metrics.read_text():
             return
+        assert proc.poll() is None, f"the job ended ({proc.returncode}) before its first epoch"
         time.sleep(0.2)
-    pytest.fail("no epoch finished")
+    pytest.fail(f"no epoch finished after {timeout}s")
 
 
 @pytest.mark.parametrize("name", ALL_LAUNCHERS)
-def test_a_frozen_rank_ends_the_job(name, tmp_path):
+def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path, long_job):
+    """kill -9 of one rank in the middle of training: the launcher ends the whole job with a
+    non-zero status instead of hanging (reap's bound)."""
+    proc, tag, ranks = long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(proc, tmp_path)  # past start-up: the ranks are inside an epoch
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.monotonic()
+    reap(proc, tag, timeout=120)
+    print(f"{name}: exited {proc.returncode} {time.monotonic() - killed:.1f}s after kill -9 "
+          f"of one rank")
+    assert proc.returncode != 0
+
+
+@pytest.mark.slow  # each waits out a 30 s stall timeout after start-up
+@pytest.mark.parametrize("name", ALL_LAUNCHERS)
+def test_a_frozen_rank_ends_the_job(name, tmp_path, long_job):
     """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
-    stops the job, and nothing is left (under MPI Horovod's own stall check never fires)."""
-    proc, tag, ranks = start_long_job(name, ["--stall-timeout", "30", "--output-dir",
-                                             str(tmp_path)])
-    _wait_for_training(tmp_path)
+    stops the job, and nothing is left (under MPI Horovod's own stall check never fires).
+    The watchdog's line (not Horovod's backstop at 1.5 x the timeout) says what ended it."""
+    proc, tag, ranks = long_job(name, ["--stall-timeout", "30", "--output-dir",
+                                       str(tmp_path)])
+    _wait_for_training(proc, tmp_path)
     os.kill(ranks[1], signal.SIGSTOP)
     stopped = time.monotonic()
-    out = reap(proc, tag, timeout=90)
-    elapsed = time.monotonic() - stopped
-    print(f"{name}: exited {proc.returncode} {elapsed:.1f}s after SIGSTOP of one rank")
-    assert proc.returncode != 0, out[-3000:]
-    assert "with no step completed" in out and "--stall-timeout 30" in out, out[-3000:]
-    assert elapsed < 60, out[-3000:]
+    out = reap(proc, tag, timeout=150)
+    print(f"{name}: exited {proc.returncode} {time.monotonic() - stopped:.1f}s after SIGSTOP "
+          f"of one rank")
+    assert proc.returncode != 0
+    assert "with no step completed" in out and "--stall-timeout 30" in out
 
 
 @pytest.mark.parametrize("name,signum", [("horovodrun", signal.SIGTERM),
@@ -128,26 +159,21 @@ def test_a_frozen_rank_ends_the_job(name, tmp_path):
                                          ("horovodrun-gloo", signal.SIGINT),
                                          ("horovodrun-gloo", signal.SIGTERM),
                                          ("hvdtrain-launch", signal.SIGTERM)])
-def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path):
+def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_path,
+                                                             long_job):
     """What a supervisor, ``docker stop`` or a Kubernetes launcher pod does: signal the
     launcher's pid, not its process group. horovodrun (MPI) has become ``sh -c mpirun``, so
     the shell alone dies; the ranks notice their launcher is gone and exit."""
-    proc, tag, _ = start_long_job(name, ["--output-dir", str(tmp_path)])
-    _wait_for_training(tmp_path)  # ranks watch their launcher once hvdtrain runs
+    proc, tag, _ = long_job(name, ["--output-dir", str(tmp_path)])
+    _wait_for_training(proc, tmp_path)  # ranks watch their launcher once hvdtrain runs
     os.kill(proc.pid, signum)
     signalled = time.monotonic()
-    proc.wait(timeout=60)
-    while tagged_pids(tag) and time.monotonic() - signalled < 60:
+    proc.wait(timeout=90)
+    while tagged_pids(tag) and time.monotonic() - signalled < 90:
         time.sleep(0.2)
-    elapsed = time.monotonic() - signalled
-    left = tagged_pids(tag)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    out = proc.stdout.read().decode()
-    print(f"{name}: every process gone {elapsed:.1f}s after {signal.Signals(signum).name} "
-          f"to the launcher pid")
-    assert left == [], out[-3000:]
-    assert elapsed < 30
+    print(f"{name}: every process gone {time.monotonic() - signalled:.1f}s after "
+          f"{signal.Signals(signum).name} to the launcher pid")
+    assert tagged_pids(tag) == [], "ranks outlived their launcher by 90 s"
 
 
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
@@ -171,7 +197,7 @@ def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
     assert not (out_dir / "model.params").exists()
 
 
-def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
+def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path, capfd):
     run = tmp_path / "run"
     proc = run_command([tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "2",
                         "--output-dir", str(run)], timeout=JOB_TIMEOUT)
@@ -211,42 +237,79 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path):
         (["--momentum", "5"], "--momentum must be in [0, 1)"),
         (["--stall-timeout=-1"], "--stall-timeout must be >= 0"),
     ]
+    # In process (cli.main), not 21 processes importing MXNet: what a real process adds
+    # to a refusal is covered by tests/unit/test_cli.py's
+    # test_a_refusal_is_one_line_from_the_whole_process.
     for flags, needle in table:
-        argv = [tool("hvdtrain"), *DIGITS, "--kvstore", "none", "--epochs", "3"]
+        argv = [*DIGITS, "--kvstore", "none", "--epochs", "3"]
         if "--output-dir" not in flags:
             argv += ["--output-dir", str(run)]
-        proc = run_command(argv + flags, timeout=JOB_TIMEOUT)
-        lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], \
-            (flags, proc.stdout[-2000:])
+        code, lines = main_in_process(argv + flags, capfd)
+        assert code == 2 and len(lines) == 1 and needle in lines[0], (flags, lines)
         assert folder_digest(run) == before, f"{flags} changed the output folder"
 
 
-@pytest.mark.parametrize("name", ["single", "horovodrun"])
-def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(name, tmp_path):
-    """A 2 MiB tmpfs holds the first checkpoint (1.2 MB) but not the second."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+FULL_DISK_LINE = "hvdtrain: error: cannot write {disk}/checkpoints/.tmp-epoch-0002"
+PEER_LINE = ("hvdtrain: error: rank 0 could not write its outputs (its own line says why); "
+             "every rank stopped at step 24")
+
+
+def _full_disk_run(name, disk):
+    """One run on a 2 MiB tmpfs, which holds the first checkpoint (1.2 MB) but not the
+    second; checks what a user sees and what is left on the disk."""
+    prefix = [] if name == "single" else launcher(name)
+    store = ["--kvstore", "none"] if name == "single" else []
+    proc = run_command(prefix + [tool("hvdtrain"), *DIGITS, *store, "--epochs", "3",
+                                 "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 1
+    ranks = split_by_process(proc.stdout)
+    # Each rank says one line, and only that: no traceback, no native crash report.
+    errors = {who: [l for l in lines if "error" in l.lower() or "Traceback" in l
+                    or "Segmentation" in l or "signal" in l.lower()]
+              for who, lines in ranks.items() if who != "launcher"}
+    if name == "single":
+        errors = {"rank 0": [l for l in ranks["launcher"] if "error" in l.lower()
+                             or "Traceback" in l]}
+    assert sorted(errors) == (["rank 0"] if name == "single" else ["rank 0", "rank 1"])
+    assert len(errors["rank 0"]) == 1, errors
+    assert errors["rank 0"][0].startswith(FULL_DISK_LINE.format(disk=disk))
+    assert errors["rank 0"][0].endswith(": no space left on device"), errors
+    if name != "single":
+        # The surviving rank: one line, exit 1 (was: killed without a word under MPI, a
+        # Horovod traceback under Gloo, now and then a SIGSEGV in Horovod's enqueue).
+        assert errors["rank 1"] == [PEER_LINE]
+    assert sorted(os.listdir(disk / "checkpoints")) == ["epoch-0001", "latest"]
+    records = [json.loads(l) for l in (disk / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["start", "epoch", "epoch"]
+
+
+@contextlib.contextmanager
+def _small_disk(folder):
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        prefix = [] if name == "single" else launcher(name)
-        store = ["--kvstore", "none"] if name == "single" else []
-        start = time.monotonic()
-        proc = run_command(prefix + [tool("hvdtrain"), *DIGITS, *store, "--epochs", "3",
-                                     "--output-dir", str(disk)], timeout=JOB_TIMEOUT)
-        print(f"{name}: exit {proc.returncode} after {time.monotonic() - start:.1f}s")
-        # Under mpirun the line carries its rank prefix ("[1,0]<stderr>:").
-        errors = [l.split("<stderr>:")[-1] for l in proc.stdout.splitlines()
-                  if "error:" in l.lower()]
-        assert proc.returncode == 1, proc.stdout[-3000:]
-        assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
-        assert len(errors) == 1 and errors[0].startswith("hvdtrain: error: cannot write "
-                                                         f"{disk}/checkpoints/.tmp-epoch-0002")
-        assert errors[0].endswith(": no space left on device"), errors
-        assert sorted(os.listdir(disk / "checkpoints")) == ["epoch-0001", "latest"]
-        records = [json.loads(l) for l in (disk / "metrics.jsonl").read_text().splitlines()]
-        assert [r["event"] for r in records] == ["start", "epoch", "epoch"]
+        yield folder
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+@pytest.mark.parametrize("name", ["single", "horovodrun", "horovodrun-gloo"])
+def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(name, tmp_path):
+    """Rank 0 fails to write its second checkpoint; every rank stops at that step with one
+    line each and exit status 1."""
+    with _small_disk(tmp_path / "disk") as disk:
+        _full_disk_run(name, disk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo"])
+def test_full_disk_on_rank_0_never_crashes_the_other_rank(name, tmp_path):
+    """The chance failure this replaces: rank 1 died of SIGSEGV in Horovod's enqueue
+    (exit 134) when rank 0 left on a full disk while rank 1 was in its next collective.
+    Now the ranks agree after rank 0's writes and leave together, so no rank is ever inside
+    a collective when its peer goes. Repeated, since the old crash came by chance."""
+    for attempt in range(5):
+        with _small_disk(tmp_path / f"disk{attempt}") as disk:
+            _full_disk_run(name, disk)

@@ -32,7 +32,7 @@ def test_mid_epoch_stop_resumes_exactly(tmp_path):
     full, resumed, results, out = _stop_and_resume(
         tmp_path, FLAGS + ["--model", "simple_cnn"], stop_at=5, epochs=2)
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], atol=1e-5)
+        assert_same_params(full[rank], resumed[rank], tol=1e-5)
     assert results[0]["steps"] == 2 * 12
     assert "640 samples into epoch 1" in out, out[-3000:]  # 5 steps x global batch 128
     stopped = tmp_path / "stopped"
@@ -52,11 +52,13 @@ def test_mid_epoch_resume_across_warmup_and_decay(tmp_path):
                      "--lr-decay-epochs", "2", "--lr-decay-factor", "0.2"]
     full, resumed, _, out = _stop_and_resume(tmp_path, flags, stop_at=17, epochs=3)
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], atol=1e-5)
+        assert_same_params(full[rank], resumed[rank], tol=1e-5)
     assert "epoch 1, step 17" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("model", ["bn_cnn", "resnet18_v1"])
+# resnet18_v1 (the default model) trains three runs of a ResNet-18 on the CPU: minutes.
+@pytest.mark.parametrize("model", ["bn_cnn", pytest.param("resnet18_v1",
+                                                         marks=pytest.mark.slow)])
 def test_mid_epoch_resume_with_batchnorm(model, tmp_path):
     """BatchNorm: the running statistics, averaged over ranks before the save, must match
     too (averaging commutes with their moving-average update, so a mid-epoch save that
@@ -64,7 +66,8 @@ def test_mid_epoch_resume_with_batchnorm(model, tmp_path):
     full, resumed, _, _ = _stop_and_resume(tmp_path, FLAGS + ["--model", model],
                                            stop_at=5, epochs=2)
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], atol=1e-5)
+        # Per unit of magnitude: running_var reaches ~100 here (see assert_arrays_close).
+        assert_same_params(full[rank], resumed[rank], tol=1e-5)
 
 
 def test_dist_async_resumes_with_two_workers(tmp_path):

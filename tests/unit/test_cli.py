@@ -1,7 +1,7 @@
 """`hvdtrain` as users call it: bad input is one line and exit status 2."""
 import pytest
 
-from helpers import run_command, tool
+from helpers import main_in_process, run_command, tool
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -20,9 +20,26 @@ from helpers import run_command, tool
     (["--momentum", "5"], "--momentum must be in [0, 1), got 5.0"),
     (["--lr=-inf"], "--lr must be a finite number, got -inf"),
 ])
-def test_bad_input_is_one_line_and_exit_2(flags, needle):
-    base = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1"]
-    proc = run_command([tool("hvdtrain")] + base + flags, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(flags, needle, capfd):
+    # In process (cli.main): test_a_refusal_is_one_line_from_the_whole_process covers what
+    # a real process adds around it.
+    code, lines = main_in_process(BASE + flags, capfd)
+    assert code == 2, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0]
+
+
+BASE = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1"]
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--batch-size", "many"], "argument --batch-size: invalid int value"),  # argparse
+    (["--lr", "inf"], "--lr must be a finite number, got inf"),  # TrainConfig
+    (["--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],  # after MXNet's import
+     "CIFAR-10 binary files missing in /nonexistent/cifar"),
+])
+def test_a_refusal_is_one_line_from_the_whole_process(flags, needle):
+    proc = run_command([tool("hvdtrain")] + BASE + flags, timeout=120)
     assert proc.returncode == 2, proc.stdout
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     assert len(lines) == 1, proc.stdout
@@ -43,3 +60,19 @@ def test_single_worker_without_launcher(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "1 worker(s) x 1 device(s) x batch 64" in proc.stdout
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "model.params").exists()
+
+
+def test_a_peer_gone_is_one_line_not_a_traceback(monkeypatch, capfd):
+    """When another rank vanished, Horovod fails this rank's next collective with "Horovod
+    has been shut down"; the user sees one line (the other rank's says why) and exit 1."""
+    import mxnet as mx
+    import hvdtrain.cli as cli
+
+    def peer_gone(cfg):
+        raise mx.base.MXNetError("MXNetError: Horovod has been shut down. This was caused by "
+                                 "an exception on one of the ranks or an attempt to allreduce")
+    monkeypatch.setattr(cli, "train", peer_gone)
+    code, lines = main_in_process(BASE, capfd)
+    assert code == 1
+    assert lines == ["hvdtrain: error: Horovod has been shut down: another rank failed or "
+                     "left the job (see its output)"]

@@ -4,6 +4,7 @@ import logging
 import mxnet as mx
 import numpy as np
 import pytest
+from helpers import assert_arrays_close
 from mxnet import autograd, gluon
 from mxnet.gluon.model_zoo import vision
 

@@ -3,6 +3,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from helpers import assert_arrays_close
+
 from hvdtrain.config import ConfigError, TrainConfig
 from hvdtrain.job import train
 
@@ -26,8 +28,8 @@ def test_last_batch_with_fewer_samples_than_devices_matches_one_device():
     # Idle devices add exactly nothing: the same model as one device with the whole batch.
     for name, arrays in copies(four.net).items():
         for array in arrays:
-            np.testing.assert_allclose(array, copies(one.net)[name][0], rtol=0, atol=1e-5,
-                                       err_msg=name)
+            # Four partial sums instead of one: the same value up to rounding.
+            assert_arrays_close(array, copies(one.net)[name][0], 1e-5, what=name)
     assert four.result["test_count"] == 360
 
 
@@ -37,8 +39,8 @@ def test_batchnorm_copies_agree_on_every_device():
     assert any(name.endswith("running_var") for name in arrays)
     for name, device_copies in arrays.items():
         for array in device_copies[1:]:
-            np.testing.assert_allclose(array, device_copies[0], rtol=0, atol=1e-6,
-                                       err_msg=name)
+            # One averaged value copied to every device: bit-identical.
+            assert_arrays_close(array, device_copies[0], 0, what=name)
 
 
 def test_several_devices_without_a_store_are_refused():

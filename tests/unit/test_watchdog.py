@@ -43,7 +43,8 @@ def test_thread_exits_the_process_when_no_step_comes():
 
 def test_beats_keep_it_quiet_and_zero_turns_it_off():
     exits = []
-    with Watchdog(0.5, rank=0, exit=exits.append, interval=0.05) as dog:
+    # Beats 50 ms apart against a 5 s timeout: only a scheduler stall of 5 s could fire it.
+    with Watchdog(5.0, rank=0, exit=exits.append, interval=0.05) as dog:
         for step in range(20):
             dog.beat(f"training step {step}")
             time.sleep(0.05)
