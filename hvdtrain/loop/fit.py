@@ -128,18 +128,25 @@ class Outputs:
         return paths
 
 
-def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, result,
-                          epoch_length: int) -> None:
-    """Record a stop inside an epoch (``--max-steps``): the epoch is not counted as done;
-    its checkpoint keeps the samples processed so that a resume runs only the rest."""
-    logger.info("stopped at step %d, %d of %d samples into epoch %d  test acc %.4f",
+def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
+                          result, epoch_length: int) -> dict:
+    """Record a stop inside an epoch (``--max-steps``) with what the part of the epoch that
+    ran measured (steps, time, throughput), and return that record. The epoch is not counted
+    as done; its checkpoint keeps the samples processed so that a resume runs only the rest."""
+    logger.info("stopped at step %d, %d of %d samples into epoch %d  train loss %.4f  "
+                "train acc %.4f  test acc %.4f  %.1f samples/s over %d steps in %.2fs",
                 state.step, min(state.epoch_samples, epoch_length), epoch_length,
-                state.epoch + 1, result.accuracy)
-    outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
-                          epoch_samples=state.epoch_samples, test_acc=result.accuracy,
-                          test_loss=result.loss, lr=trainer.learning_rate)
+                state.epoch + 1, stats.loss, stats.accuracy, result.accuracy,
+                stats.samples_per_sec, stats.steps, stats.seconds)
+    record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
+                  steps=stats.steps, train_loss=stats.loss, train_acc=stats.accuracy,
+                  test_acc=result.accuracy, test_loss=result.loss,
+                  samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
+                  lr=trainer.learning_rate)
+    outputs.metrics.write("stop", **record)
     if outputs.checkpointer is not None:
         outputs.checkpointer.after_epoch(net, trainer, state, last=True)
+    return record
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -177,7 +184,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                   start_epoch_samples=state.epoch_samples)
     run_start = time.perf_counter()
     result = None
-    epochs = []
+    epochs, stopped = [], None
     while state.epoch < cfg.epochs:
         if cfg.max_steps is not None and state.step >= cfg.max_steps:
             break
@@ -191,8 +198,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         if not stats.complete:
-            _stopped_inside_epoch(net, trainer, state, outputs, result,
-                                  len(data.train_y))
+            stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
+                                            len(data.train_y))
             break
         state.epoch += 1
         state.epoch_samples = 0
@@ -223,7 +230,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     if outputs.tensorboard is not None:
         outputs.tensorboard.close()
     for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
-                              outputs.written()):
+                              outputs.written(), stopped):
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
             "total_time": total_time, "steps": state.step}
