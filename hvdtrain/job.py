@@ -29,6 +29,7 @@ from .state.resume import check_compatible, resume_state
 from .state.resume_from import loadable, resolve_resume
 from .state.train_state import TrainState
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
+from .runtime.pulse import JobPulse
 from .runtime.watchdog import Watchdog, horovod_stall_env
 from .state.writes import check_writable_dir
 
@@ -131,6 +132,8 @@ def _train(cfg: TrainConfig, devices, candidates, data, net, policy, watchdog: W
     dist = build_dist(cfg, comm)
     setup_logging(dist.rank)
     watchdog.set_rank(dist.rank)
+    watchdog.beat("start-up (store created)")
+    JobPulse.watch(watchdog, dist)  # from here, progress on any rank counts
     threads = share_cpu_threads(dist.local_size)
     if threads:
         logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
@@ -153,6 +156,7 @@ def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candid
     check_store_for_devices(cfg.kvstore, dist, devices)
     worker_batch = cfg.batch_size * len(devices)
     initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+    watchdog.beat("start-up (model initialised)")
     policy.prepare_model(net)
     trainer = build_trainer(net, cfg, dist, policy)
     policy.prepare_trainer(trainer)
@@ -164,6 +168,7 @@ def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candid
     result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
                  state, watchdog, policy)
     if cfg.output_dir and dist.is_root:
-        logger.info("parameters saved to %s",
-                    save_params(net, os.path.join(cfg.output_dir, "model.params")))
+        with watchdog.busy("saving the final parameters"):
+            logger.info("parameters saved to %s",
+                        save_params(net, os.path.join(cfg.output_dir, "model.params")))
     return Run(net, trainer, dist, result)

@@ -4,6 +4,7 @@ which runs epochs of :mod:`hvdtrain.loop.epoch`, evaluates and writes the output
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -144,9 +145,19 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
                   samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
                   lr=trainer.learning_rate)
     outputs.metrics.write("stop", **record)
-    if outputs.checkpointer is not None:
-        outputs.checkpointer.after_epoch(net, trainer, state, last=True)
     return record
+
+
+def _checkpoint(outputs: Outputs, net, trainer, state: TrainState, last: bool,
+                watchdog: Optional[Watchdog]) -> None:
+    """Rank 0 writes the checkpoint due (if any): busy, so neither its watchdog nor those of
+    the ranks waiting for it take a write to slow storage for a stall."""
+    checkpointer = outputs.checkpointer
+    if checkpointer is None:
+        return
+    writing = watchdog is not None and checkpointer.output_dir is not None
+    with watchdog.busy("writing a checkpoint") if writing else contextlib.nullcontext():
+        checkpointer.after_epoch(net, trainer, state, last=last)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -200,6 +211,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         if not stats.complete:
             stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
                                             len(data.train_y))
+            _checkpoint(outputs, net, trainer, state, True, watchdog)
             break
         state.epoch += 1
         state.epoch_samples = 0
@@ -219,9 +231,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                                       train_samples_per_sec=stats.samples_per_sec,
                                       train_lr=trainer.learning_rate)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if outputs.checkpointer is not None:
-            outputs.checkpointer.after_epoch(net, trainer, state,
-                                             last=stopping or state.epoch == cfg.epochs)
+        _checkpoint(outputs, net, trainer, state, stopping or state.epoch == cfg.epochs,
+                    watchdog)
         if stopping:
             break
     total_time = time.perf_counter() - run_start
