@@ -162,6 +162,7 @@ def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candid
     policy.prepare_trainer(trainer)
     state = resume_state(candidates, net, trainer, devices, dist, cfg, worker_batch,
                          len(data.train_y)) if cfg.resume else TrainState()
+    watchdog.beat("start-up (trainer ready)")
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
     watchdog.beat("start-up (parameters broadcast)")

@@ -40,7 +40,7 @@ GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 HOROVOD_WARNING_SECONDS = 60
 # What a rank may be busy with on its own while the others wait for it (the job's pulse
 # sends the index).
-BUSY_PHASES = ("start-up", "writing a checkpoint", "saving the final parameters")
+BUSY_PHASES = ("writing a checkpoint", "saving the final parameters")
 
 
 def horovod_stall_env(timeout: float, environ: Mapping[str, str]) -> Dict[str, str]:
