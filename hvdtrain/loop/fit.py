@@ -165,8 +165,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
-    each, writing `outputs`; return the final figures. Every completed step beats
-    `watchdog`; `policy` (default: the configuration's) says how the steps compute."""
+    each, writing `outputs`; return the final figures. Every completed step and evaluation
+    batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
+    (default: the configuration's) says how the steps compute."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
