@@ -5,7 +5,8 @@ A rank that waits in a collective cannot tell a peer that is busy (rank 0 writin
 checkpoint to slow storage) from one that is frozen. A :class:`JobPulse` thread in every
 rank exchanges a few numbers with every other rank, every `interval` seconds, on its own
 small collective: each rank's count of completed steps, whether it is busy with work of its
-own (:meth:`Watchdog.busy`), how long ago it last progressed, and whether it has finished.
+own (:meth:`Watchdog.busy`), its phase, how long ago it last progressed, and whether it
+has finished.
 When a round shows progress anywhere (a count moved, or a rank is busy), this rank's
 :class:`Watchdog` hears of it. A frozen or dead rank never joins the next round, so the
 others hear nothing and their watchdogs fire after ``--stall-timeout``.
@@ -22,12 +23,12 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .watchdog import BUSY_PHASES, Watchdog
+from .watchdog import PHASES, Watchdog
 
 logger = logging.getLogger("hvdtrain")
 
 PULSE_NAME = "hvdtrain.pulse"
-FIELDS = 4  # per rank: steps (mod 2**20), busy phase (0: none), seconds idle, finished
+FIELDS = 5  # per rank: steps (mod 2**20), phase, busy, seconds since progress, finished
 _COUNT_MODULUS = 1 << 20  # exact in float32, which the exchange sums in
 
 
@@ -96,24 +97,23 @@ class JobPulse:
         """This rank's part of a round: zeros except for its own fields."""
         mine = np.zeros(FIELDS * self.num_workers, dtype=np.float32)
         dog = self.watchdog
-        busy = dog.busy_phase
         mine[self.rank::self.num_workers] = (
-            dog.beats % _COUNT_MODULUS, BUSY_PHASES.index(busy) + 1 if busy else 0,
-            min(dog.idle(), 1e6), float(self._finished.is_set()))
+            dog.beats % _COUNT_MODULUS, PHASES.index(dog.phase()), bool(dog.busy_phase),
+            min(dog.idle(), 1e6), self._finished.is_set())
         return mine
 
     def observe(self, total: np.ndarray) -> bool:
-        """Read one round's sum; tell the watchdog of progress; return whether every rank
-        has finished."""
-        fields = total.reshape(FIELDS, self.num_workers)
-        counts = [int(c) for c in fields[0]]
-        busy = [BUSY_PHASES[int(b) - 1] if b else None for b in fields[1]]
+        """Read one round's sum; tell the watchdog of every rank's state and whether any
+        progressed; return whether every rank has finished."""
+        counts, phases, busy, idle, finished = total.reshape(FIELDS, self.num_workers)
+        counts = [int(c) for c in counts]
         moved = self._last_counts is not None and counts != self._last_counts
         self._last_counts = counts
-        states = [f"rank {r}: {busy[r]}" if busy[r] else f"rank {r}: last progress "
-                  f"{fields[2][r]:.0f} s before" for r in range(self.num_workers)]
-        self.watchdog.heard("; ".join(states), progress=moved or any(busy))
-        return bool(fields[3].sum() >= self.num_workers)
+        states = {r: PHASES[int(phases[r])] + (" (busy)" if busy[r] else
+                                              f", last progress {idle[r]:.0f} s before")
+                  for r in range(self.num_workers)}
+        self.watchdog.heard(states, progress=moved or bool(busy.any()))
+        return bool(finished.sum() >= self.num_workers)
 
     def _run(self) -> None:
         try:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Dict, Iterator, Mapping, Optional
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 logger = logging.getLogger("hvdtrain")
 
@@ -41,6 +41,9 @@ HOROVOD_WARNING_SECONDS = 60
 # What a rank may be busy with on its own while the others wait for it (the job's pulse
 # sends the index).
 BUSY_PHASES = ("writing a checkpoint", "saving the final parameters")
+# Every phase a rank reports (the pulse sends the index): what its last completed step
+# names, or what it is busy with.
+PHASES = ("start-up", "training", "evaluation") + BUSY_PHASES
 
 
 def horovod_stall_env(timeout: float, environ: Mapping[str, str]) -> Dict[str, str]:
@@ -91,7 +94,7 @@ class Watchdog:
         self._last_step = "none yet (starting up)"
         self.beats = 0  # completed steps and milestones of this rank (the pulse sends it)
         self.busy_phase: Optional[str] = None
-        self._heard = ("nothing yet", None)  # what the pulse last said, and when
+        self._heard: Tuple[Dict[int, str], Optional[float]] = ({}, None)  # pulse: states, when
         self.pulse = None  # a JobPulse, ended by stop()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -111,6 +114,13 @@ class Watchdog:
         self.beats += 1
         self._last_beat = self._last_progress = self._clock()
 
+    def phase(self) -> str:
+        """This rank's phase, one of :data:`PHASES`: what it is busy with, else the kind of
+        step it last completed."""
+        if self.busy_phase:
+            return self.busy_phase
+        return next((p for p in PHASES[1:3] if self._last_step.startswith(p)), PHASES[0])
+
     def idle(self) -> float:
         """Seconds since this rank itself last progressed (0 while it is busy)."""
         return 0.0 if self.busy_phase else self._clock() - self._last_beat
@@ -125,10 +135,11 @@ class Watchdog:
             yield
         finally:
             self.busy_phase = None
-            self.beat(phase)
+            self.beat(f"{phase} (done)")
 
-    def heard(self, states: str, progress: bool) -> None:
-        """The job's pulse reports every rank's state; `progress`: some rank progressed."""
+    def heard(self, states: Dict[int, str], progress: bool) -> None:
+        """The job's pulse reports every rank's state (rank: phase and how long since it
+        progressed); `progress`: some rank progressed since the last report."""
         now = self._clock()
         self._heard = (states, now)
         if progress:
@@ -174,22 +185,33 @@ class Watchdog:
         idle = now - self._last_progress
         if idle < self.timeout:
             return False
-        states, when = self._heard
-        heard = ("never heard from the other ranks" if when is None else
-                 f"last heard from every rank {now - when:.0f} s ago ({states})")
-        # A frozen rank cannot say so itself: the ranks that report are usually the ones
-        # left waiting for it. When the pulse too has gone quiet, one rank stopped answering
-        # (frozen or dead) at about that time; when it still runs, the ranks' states show
-        # which one stopped progressing.
         logger.error("%s: no progress on any rank for %.0f s, with no step completed here "
-                     "(--stall-timeout %g; this rank's last completed: %s); %s: a rank is "
-                     "frozen, dead or hung; exiting so the launcher stops the job",
-                     self.who(), idle, self.timeout, self._last_step, heard)
+                     "(--stall-timeout %g; this rank's last completed: %s); %s; exiting so "
+                     "the launcher stops the job", self.who(), idle, self.timeout,
+                     self._last_step, self._diagnosis(now))
         for handler in logger.handlers:
             handler.flush()
         sys.stderr.flush()
         self._exit(EXIT_STALLED)
         return True
+
+    def _diagnosis(self, now: float) -> str:
+        """Which rank stopped, and in which phase, as far as this rank can tell."""
+        states, when = self._heard
+        if when is None:
+            return "never heard from the other ranks: one of them is frozen, dead or hung"
+        listed = "; ".join(f"rank {r}: {state}" for r, state in sorted(states.items()))
+        # A frozen or dead rank cannot say so itself, and joins no further round of the
+        # pulse: when the pulse has gone quiet too, a rank other than this one stopped then.
+        if now - when >= self.timeout / 2:
+            others = [r for r in sorted(states) if r != self.rank]
+            who = (f"rank {others[0]}" if len(others) == 1 else
+                   "one of ranks " + ", ".join(map(str, others)))
+            return (f"no rank has answered for {now - when:.0f} s: {who} stopped (frozen, "
+                    f"dead or cut off); at the last answer: {listed}")
+        # Every rank still answers, so all are alive: the one that stopped progressing first
+        # is stuck.
+        return f"every rank answers ({now - when:.0f} s ago), none progresses: {listed}"
 
     def _watch(self) -> None:
         while not self._stop.wait(self._interval):

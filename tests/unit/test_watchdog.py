@@ -48,15 +48,32 @@ def test_a_busy_rank_or_news_of_progress_elsewhere_keeps_it_quiet(caplog):
     assert exits == [] and dog.busy_phase is None
     assert "rank 0 has been writing a checkpoint for 30 s" in caplog.text
     clock.now += 29
-    dog.heard("rank 1: writing a checkpoint", progress=True)  # a peer is busy: progress
+    dog.heard({0: "training, last progress 29 s before", 1: "writing a checkpoint (busy)"},
+              progress=True)  # a peer is busy: progress
     clock.now += 29
     assert not dog.check()
-    dog.heard("rank 1: last progress 20 s before", progress=False)
+    dog.heard({0: "training, last progress 58 s before", 1: "training, last progress 20 s before"},
+              progress=False)  # every rank answers, none progresses
     clock.now += 1.5
     with caplog.at_level(logging.ERROR, logger="hvdtrain"):
         assert dog.check()
     assert exits == [1]
-    assert "last heard from every rank 2 s ago (rank 1: last progress 20 s before)" \
+    assert "every rank answers (2 s ago), none progresses: rank 0: training, last progress " \
+        "58 s before; rank 1: training, last progress 20 s before" in caplog.text
+
+
+def test_when_the_pulse_too_goes_quiet_the_line_names_the_rank_that_stopped(caplog):
+    clock, exits = FakeClock(), []
+    dog = Watchdog(30, rank=0, clock=clock, exit=exits.append)
+    dog.beat("training step 40 (epoch 2)")
+    assert dog.phase() == "training"
+    dog.heard({0: "training, last progress 0 s before", 1: "evaluation, last progress 1 s before"},
+              progress=True)
+    clock.now += 31  # rank 1 froze: no more rounds
+    with caplog.at_level(logging.ERROR, logger="hvdtrain"):
+        assert dog.check()
+    assert "no rank has answered for 31 s: rank 1 stopped (frozen, dead or cut off); at the " \
+        "last answer: rank 0: training, last progress 0 s before; rank 1: evaluation" \
         in caplog.text
 
 
@@ -124,6 +141,8 @@ def test_the_pulse_lets_a_waiting_rank_outlast_a_busy_one_but_not_a_frozen_one()
             pulse.start()
         with dogs[0].busy("writing a checkpoint"):
             time.sleep(4.5)
+            states, _ = dogs[1]._heard  # pylint: disable=protected-access
+            assert states[0] == "writing a checkpoint (busy)"
         assert exits == {0: [], 1: []}
         dogs[0].stop(finish_pulse=False)  # rank 0 freezes: no beats, no pulse
         collective.frozen.add(0)
