@@ -122,6 +122,8 @@ class JobPulse:
                     return
                 self._finished.wait(self.interval)
         except Exception as err:  # pylint: disable=broad-except
-            # Horovod shut down under it (another rank failed): the watchdog and the
-            # launcher deal with the job; the pulse has nothing more to say.
-            logger.debug("job pulse ended: %s", err)
+            # Usually Horovod shut down under it (another rank failed, and the launcher ends
+            # the job); if not, the user should know that slow peers now look stalled.
+            logger.warning("%s: the job's pulse stopped (%s); the stall watchdog now counts "
+                           "only this rank's own progress", self.watchdog.who(),
+                           str(err).splitlines()[0] if str(err) else type(err).__name__)
