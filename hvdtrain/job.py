@@ -104,8 +104,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     every process of the launch); see ``examples/sweep_mpi.py``.
     Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
     holding another run or in use) is refused before anything is written. From the first
-    collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no rank
-    makes progress for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it
+    collective (``hvd.init()``) on, a :class:`Watchdog` ends this process when no rank makes
+    progress for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it
     when the launcher that started it is gone.
     """
     setup_logging(rank=0)

@@ -61,8 +61,8 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
     if not epochs and not stopped:
         return ["run summary: no epoch completed"]
     last = stopped or epochs[-1]
-    rows = [("epochs", f"{len(epochs)} completed this run, {last['epoch'] + (not stopped)} "
-                       f"in all ({last['step']} steps)")]
+    done = last["epoch"] if stopped else last["epoch"] + 1  # whole epochs, earlier runs included
+    rows = [("epochs", f"{len(epochs)} completed this run, {done} in all ({last['step']} steps)")]
     if stopped:
         rows.append(("stopped", f"inside epoch {stopped['epoch'] + 1} after "
                                 f"{stopped['steps']} steps of it ({stopped['epoch_time']:.1f} s, "

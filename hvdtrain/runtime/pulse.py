@@ -6,8 +6,7 @@ checkpoint to slow storage) from one that is frozen. A :class:`JobPulse` thread 
 rank exchanges a few numbers with every other rank, every `interval` seconds, on its own
 small collective: each rank's count of completed steps, whether it is busy with work of its
 own (:meth:`Watchdog.busy`), its phase, how long ago it last progressed, and whether it
-has finished.
-When a round shows progress anywhere (a count moved, or a rank is busy), this rank's
+has finished. When a round shows progress anywhere (a count moved, or a rank is busy), this rank's
 :class:`Watchdog` hears of it. A frozen or dead rank never joins the next round, so the
 others hear nothing and their watchdogs fire after ``--stall-timeout``.
 
@@ -56,7 +55,6 @@ class JobPulse:
         self.num_workers = num_workers
         self.interval = interval
         self._finished = threading.Event()
-        self._done = threading.Event()
         self._last_counts: Optional[List[int]] = None
         self._thread: Optional[threading.Thread] = None
 

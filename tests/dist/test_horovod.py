@@ -136,7 +136,8 @@ def numpy_test_correct(data_dir, arrays):
     with numpy from the CIFAR binary file, normalised as CIFAR's channel mean and std say."""
     raw = np.fromfile(os.path.join(data_dir, CIFAR_TEST_FILE), dtype=np.uint8).reshape(-1, 3073)
     labels, pixels = raw[:, 0], raw[:, 1:].reshape(-1, 3, 32 * 32) / 255.0
-    x = ((pixels - np.array(CIFAR_MEAN)[:, None]) / np.array(CIFAR_STD)[:, None]).reshape(len(raw), -1)
+    mean, std = np.array(CIFAR_MEAN)[:, None], np.array(CIFAR_STD)[:, None]
+    x = ((pixels - mean) / std).reshape(len(raw), -1)
     hidden = np.maximum(x @ arrays["1.weight"].T.astype(np.float64) + arrays["1.bias"], 0)
     logits = hidden @ arrays["2.weight"].T.astype(np.float64) + arrays["2.bias"]
     return int((logits.argmax(axis=1) == labels).sum())
