@@ -197,9 +197,11 @@ class TrainConfig:
     # The default, 10 minutes, leaves room for what a healthy GPU job does between two
     # steps: cuDNN autotuning on the first step and writing a large checkpoint.
     stall_timeout: float = option(
-        600.0, "a rank that completes no training or evaluation step for this long logs its "
-        "last step and exits, ending the job (a frozen rank would otherwise hang it); also "
-        "sets Horovod's stall check unless HOROVOD_STALL_* are set; 0: off", group="output",
+        600.0, "when no rank makes progress for this long (no step, evaluation batch or "
+        "start-up milestone, no checkpoint being written), each rank logs its phase and "
+        "exits, ending the job (a frozen rank would otherwise hang it); a slow rank 0 is "
+        "never cut short; also sets Horovod's stall warning unless set; 0: off",
+        group="output",
         range=NON_NEGATIVE, metavar="SECONDS")
     log_interval: int = option(
         50, "log every N steps within an epoch, 0 for epoch lines only", group="output",

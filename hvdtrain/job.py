@@ -32,6 +32,7 @@ from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
 from .loop.together import write_together
+from .runtime.pulse import JobPulse
 from .runtime.watchdog import Watchdog, horovod_stall_env
 from .state.writes import check_writable_dir
 
@@ -112,6 +113,8 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
     """What this process does once it knows its rank, before it claims the run folder."""
     setup_logging(dist.rank)
     watchdog.set_rank(dist.rank)
+    watchdog.beat("start-up (store created)")
+    JobPulse.watch(watchdog, dist)  # from here, progress on any rank counts
     threads = share_cpu_threads(dist.local_size)
     if threads:
         logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
@@ -120,11 +123,13 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
         check_writable_dir(cfg.tensorboard, "--tensorboard")
 
 
-def _save_final(net, output_dir: str, dist: DistContext) -> None:
-    """Rank 0 saves the trained parameters (every rank then learns whether it could)."""
+def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog) -> None:
+    """Rank 0 saves the trained parameters (every rank then learns whether it could); busy
+    meanwhile, so a save to slow storage is not taken for a stall."""
     if dist.is_root:
-        logger.info("parameters saved to %s",
-                    save_params(net, os.path.join(output_dir, "model.params")))
+        with watchdog.busy("saving the final parameters"):
+            logger.info("parameters saved to %s",
+                        save_params(net, os.path.join(output_dir, "model.params")))
 
 
 def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
@@ -136,8 +141,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     Everything a user can get wrong (flags, a checkpoint that does not fit, an output folder
     holding another run or in use) is refused before anything is written: the run folder
     decides before any data is loaded (:class:`RunDir`). From the first collective
-    (``hvd.init()``) on, a :class:`Watchdog` ends this process when no step completes for
-    ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
+    (``hvd.init()``) on, a :class:`Watchdog` ends this process when no rank makes progress
+    for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
     launcher that started it is gone.
     """
     setup_logging(rank=0)
@@ -159,10 +164,12 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         devices = build_devices(cfg, dist, policy, devices)
         worker_batch = cfg.batch_size * len(devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+        watchdog.beat("start-up (model initialised)")
         policy.prepare_model(net)
         trainer = build_trainer(net, cfg, dist, policy)
         policy.prepare_trainer(trainer)
         state = run_dir.restore(net, trainer, devices, dist, worker_batch, len(data.train_y))
+        watchdog.beat("start-up (trainer ready)")
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
@@ -170,5 +177,5 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         result = fit(net, trainer, data, devices, dist, cfg,
                      build_outputs(cfg, dist, worker_batch), state, watchdog, policy)
         if cfg.output_dir:
-            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist), "the end")
+            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog), "the end")
         return Run(net, trainer, dist, result)

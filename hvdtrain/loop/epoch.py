@@ -38,6 +38,7 @@ class EpochStats:
     samples: int
     seconds: float
     complete: bool = True
+    steps: int = 0  # optimizer steps this rank ran in it (this run's part of the epoch)
 
     @property
     def samples_per_sec(self) -> float:
@@ -132,4 +133,5 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
-                      samples=int(seen), seconds=seconds, complete=ran == len(loader))
+                      samples=int(seen), seconds=seconds, complete=ran == len(loader),
+                      steps=ran)

@@ -4,6 +4,7 @@ which runs epochs of :mod:`hvdtrain.loop.epoch`, evaluates and writes the output
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -130,26 +131,33 @@ class Outputs:
         return paths
 
 
-def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, result,
-                          epoch_length: int, dist: DistContext) -> None:
-    """Record a stop inside an epoch (``--max-steps``): the epoch is not counted as done;
-    its checkpoint keeps the samples processed so that a resume runs only the rest."""
-    logger.info("stopped at step %d, %d of %d samples into epoch %d  test acc %.4f",
+def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
+                          result, epoch_length: int, dist: DistContext,
+                          watchdog: Optional[Watchdog]) -> dict:
+    """Record a stop inside an epoch (``--max-steps``) with what the part of the epoch that
+    ran measured (steps, time, throughput), and return that record. The epoch is not counted
+    as done; its checkpoint keeps the samples processed so that a resume runs only the rest."""
+    logger.info("stopped at step %d, %d of %d samples into epoch %d  train loss %.4f  "
+                "train acc %.4f  test acc %.4f  %.1f samples/s over %d steps in %.2fs",
                 state.step, min(state.epoch_samples, epoch_length), epoch_length,
-                state.epoch + 1, result.accuracy)
+                state.epoch + 1, stats.loss, stats.accuracy, result.accuracy,
+                stats.samples_per_sec, stats.steps, stats.seconds)
+    record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
+                  steps=stats.steps, train_loss=stats.loss, train_acc=stats.accuracy,
+                  test_acc=result.accuracy, test_loss=result.loss,
+                  samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
+                  lr=trainer.learning_rate)
 
     def write():
-        outputs.metrics.write("stop", epoch=state.epoch, step=state.step,
-                              epoch_samples=state.epoch_samples, test_acc=result.accuracy,
-                              test_loss=result.loss, lr=trainer.learning_rate)
-        if outputs.checkpointer is not None:
-            outputs.checkpointer.after_epoch(net, trainer, state, last=True)
+        outputs.metrics.write("stop", **record)
+        _checkpoint(outputs, net, trainer, state, True, watchdog)
 
     write_together(dist, write, f"step {state.step}")
+    return record
 
 
 def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: dict,
-                   last: bool) -> None:
+                   last: bool, watchdog: Optional[Watchdog]) -> None:
     """Rank 0's writes after an epoch: its metrics record, scalars and checkpoint."""
     outputs.metrics.write("epoch", **record)
     if outputs.tensorboard is not None:
@@ -158,8 +166,19 @@ def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: di
                                   test_acc=record["test_acc"],
                                   train_samples_per_sec=record["samples_per_sec"],
                                   train_lr=record["lr"])
-    if outputs.checkpointer is not None:
-        outputs.checkpointer.after_epoch(net, trainer, state, last=last)
+    _checkpoint(outputs, net, trainer, state, last, watchdog)
+
+
+def _checkpoint(outputs: Outputs, net, trainer, state: TrainState, last: bool,
+                watchdog: Optional[Watchdog]) -> None:
+    """Rank 0 writes the checkpoint due (if any): busy, so neither its watchdog nor those of
+    the ranks waiting for it take a write to slow storage for a stall."""
+    checkpointer = outputs.checkpointer
+    if checkpointer is None:
+        return
+    writing = watchdog is not None and checkpointer.output_dir is not None
+    with watchdog.busy("writing a checkpoint") if writing else contextlib.nullcontext():
+        checkpointer.after_epoch(net, trainer, state, last=last)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -167,8 +186,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
-    each, writing `outputs`; return the final figures. Every completed step beats
-    `watchdog`; `policy` (default: the configuration's) says how the steps compute."""
+    each, writing `outputs`; return the final figures. Every completed step and evaluation
+    batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
+    (default: the configuration's) says how the steps compute."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -200,7 +220,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         start_epoch_samples=state.epoch_samples), "the start")
     run_start = time.perf_counter()
     result = None
-    epochs = []
+    epochs, stopped = [], None
     while state.epoch < cfg.epochs:
         if cfg.max_steps is not None and state.step >= cfg.max_steps:
             break
@@ -214,8 +234,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         if not stats.complete:
-            _stopped_inside_epoch(net, trainer, state, outputs, result,
-                                  len(data.train_y), dist)
+            stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
+                                            len(data.train_y), dist, watchdog)
             break
         state.epoch += 1
         state.epoch_samples = 0
@@ -230,8 +250,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         epochs.append(record)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
         write_together(dist, lambda: _epoch_outputs(
-            outputs, net, trainer, state, record, last=stopping or state.epoch == cfg.epochs),
-            f"step {state.step}")
+            outputs, net, trainer, state, record, stopping or state.epoch == cfg.epochs,
+            watchdog), f"step {state.step}")
         if stopping:
             break
     total_time = time.perf_counter() - run_start
@@ -244,7 +264,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     write_together(dist, write_end, f"step {state.step}")
     for line in summary_lines(epochs, total_time, dist.num_workers, len(devices), cfg.kvstore,
-                              outputs.written()):
+                              outputs.written(), stopped):
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
             "total_time": total_time, "steps": state.step}

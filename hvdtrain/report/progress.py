@@ -52,19 +52,34 @@ class TensorBoardWriter:
 
 
 def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devices: int,
-                  backend: str, written: List[str]) -> List[str]:
-    """The short table rank 0 prints at the end of a run; `written` lists its outputs."""
-    if not epochs:
+                  backend: str, written: List[str], stopped: Optional[Dict] = None) -> List[str]:
+    """The short table rank 0 prints at the end of a run; `written` lists its outputs.
+
+    `epochs` are the records of the epochs completed; `stopped` the record of an epoch cut
+    short (``--max-steps``), whose steps, time and throughput are reported too: a short run
+    (a new host's smoke test) is often run for its throughput alone."""
+    if not epochs and not stopped:
         return ["run summary: no epoch completed"]
-    best = max(epochs, key=lambda e: e["test_acc"])
-    rates = [e["samples_per_sec"] for e in epochs]
-    rows = [
-        ("epochs", f"{len(epochs)} this run, {epochs[-1]['epoch'] + 1} in all "
-                   f"({epochs[-1]['step']} steps)"),
-        ("test accuracy", f"final {epochs[-1]['test_acc']:.4f}, best {best['test_acc']:.4f} "
-                          f"(epoch {best['epoch'] + 1})"),
+    last = stopped or epochs[-1]
+    done = last["epoch"] if stopped else last["epoch"] + 1  # whole epochs, earlier runs included
+    rows = [("epochs", f"{len(epochs)} completed this run, {done} in all ({last['step']} steps)")]
+    if stopped:
+        rows.append(("stopped", f"inside epoch {stopped['epoch'] + 1} after "
+                                f"{stopped['steps']} steps of it ({stopped['epoch_time']:.1f} s, "
+                                f"{stopped['samples_per_sec']:.1f} samples/s)"))
+    if epochs:
+        best = max(epochs, key=lambda e: e["test_acc"])
+        rows.append(("test accuracy", f"final {last['test_acc']:.4f}, best "
+                                      f"{best['test_acc']:.4f} (epoch {best['epoch'] + 1})"))
+    else:
+        rows.append(("test accuracy", f"final {last['test_acc']:.4f}"))
+    # Weighted by time: a short partial epoch counts for what it ran, not as much as a whole one.
+    timed = epochs + ([stopped] if stopped else [])
+    seconds = sum(e["epoch_time"] for e in timed)
+    rate = sum(e["samples_per_sec"] * e["epoch_time"] for e in timed) / seconds if seconds else 0.0
+    rows += [
         ("total time", f"{total_time:.1f} s"),
-        ("throughput", f"{sum(rates) / len(rates):.1f} samples/s (global, mean over epochs)"),
+        ("throughput", f"{rate:.1f} samples/s (global, over {seconds:.1f} s of training)"),
         ("workers", f"{num_workers} x {devices} device(s), {backend}"),
         ("outputs", ", ".join(written) if written else "none (no --output-dir)"),
     ]

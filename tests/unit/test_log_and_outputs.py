@@ -1,6 +1,10 @@
 import io
 import json
 
+import pytest
+
+from helpers import run_command, tool
+
 from hvdtrain.state.writes import atomic_write
 from hvdtrain.report.log import MetricsWriter, setup_logging
 
@@ -35,10 +39,8 @@ def test_atomic_write_keeps_old_file_when_writer_fails(tmp_path):
             out.write("half")
         raise RuntimeError("disk full")
 
-    try:
+    with pytest.raises(RuntimeError, match="disk full"):  # the writer's error reaches the caller
         atomic_write(str(target), broken)
-    except RuntimeError:
-        pass
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model.params"]
 
@@ -78,3 +80,23 @@ def test_log_lines_go_to_the_current_stderr(monkeypatch):
     for handler in logger.handlers:
         handler.flush()
     assert "to the new stream" in replaced.getvalue()
+
+
+def test_a_run_stopped_inside_an_epoch_reports_its_throughput(tmp_path):
+    """--max-steps 20 stops inside the first epoch (128 steps of 64): the log, the run
+    summary and the `stop` record give the steps, time and samples/s of what ran."""
+    proc = run_command([tool("hvdtrain"), "--dataset", "synthetic", "--model", "mlp",
+                        "--no-cuda", "--kvstore", "none", "--max-steps", "20",
+                        "--log-interval", "0", "--output-dir", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    assert "no epoch completed" not in proc.stdout
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    [stop] = [r for r in records if r["event"] == "stop"]
+    assert (stop["epoch"], stop["step"], stop["steps"]) == (0, 20, 20)
+    # 20 steps of 64 samples on one worker: the rate times the time is that count.
+    assert stop["samples_per_sec"] > 0 and stop["epoch_time"] > 0
+    assert stop["samples_per_sec"] * stop["epoch_time"] == pytest.approx(20 * 64, rel=1e-6)
+    rate = f"{stop['samples_per_sec']:.1f} samples/s"
+    assert f"{rate} over 20 steps" in proc.stdout
+    summary = proc.stdout[proc.stdout.index("run summary"):]
+    assert "inside epoch 1 after 20 steps of it" in summary and rate in summary

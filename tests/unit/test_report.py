@@ -166,12 +166,16 @@ def test_tensorboard_scalars_match_the_metrics_file(tmp_path):
 
 
 def test_run_summary():
-    epochs = [{"epoch": 0, "step": 10, "test_acc": 0.9, "samples_per_sec": 100.0},
-              {"epoch": 1, "step": 20, "test_acc": 0.95, "samples_per_sec": 300.0},
-              {"epoch": 2, "step": 30, "test_acc": 0.93, "samples_per_sec": 200.0}]
+    epochs = [{"epoch": 0, "step": 10, "test_acc": 0.9, "samples_per_sec": 100.0,
+               "epoch_time": 3.0},
+              {"epoch": 1, "step": 20, "test_acc": 0.95, "samples_per_sec": 300.0,
+               "epoch_time": 1.0},
+              {"epoch": 2, "step": 30, "test_acc": 0.93, "samples_per_sec": 200.0,
+               "epoch_time": 1.5}]
     text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", ["runs/x/metrics.jsonl"]))
     assert "final 0.9300, best 0.9500 (epoch 2)" in text
-    assert "200.0 samples/s" in text and "2 x 1 device(s), horovod" in text
+    # 300 + 300 + 300 samples in 5.5 s: the rate over the time trained, not a mean of rates.
+    assert "163.6 samples/s" in text and "2 x 1 device(s), horovod" in text
     assert "12.3 s" in text and "outputs        runs/x/metrics.jsonl" in text
     assert "none (no --output-dir)" in "\n".join(summary_lines(epochs, 1, 1, 1, "horovod", []))
 
