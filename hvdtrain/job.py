@@ -114,7 +114,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         candidates = loadable(resolve_resume(cfg.resume, cfg.output_dir))
         if candidates:
             check_compatible(candidates[0], read_meta(candidates[0]), cfg)
-        data = load_dataset(cfg.dataset, cfg.data_dir)
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
@@ -157,12 +157,14 @@ def _run(cfg: TrainConfig, data, net, policy, dist: DistContext, devices, candid
     trainer = build_trainer(net, cfg, dist, policy)
     policy.prepare_trainer(trainer)
     state = resume_state(candidates, net, trainer, devices, dist, cfg, worker_batch,
-                         len(data.train_y)) if cfg.resume else TrainState()
+                         data.num_train) if cfg.resume else TrainState()
     broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                          else worker_batch)
     watchdog.beat("start-up (parameters broadcast)")
-    result = fit(net, trainer, data, devices, dist, cfg, build_outputs(cfg, dist, worker_batch),
-                 state, watchdog, policy)
+    outputs = build_outputs(cfg, dist, worker_batch)
+    if data.streamed:  # what each output index means, for whoever uses the model later
+        outputs.checkpointer.meta["classes"] = list(data.classes)
+    result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
     if cfg.output_dir and dist.is_root:
         logger.info("parameters saved to %s",
                     save_params(net, os.path.join(cfg.output_dir, "model.params")))

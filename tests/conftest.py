@@ -3,3 +3,14 @@ import sys
 
 # Test helper modules (helpers.py, dist/jobs.py) are imported by name.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def digit_images(tmp_path_factory):
+    """A small generated image folder (60 digits a class: 480 train, 120 val) and its
+    RecordIO pack, shared by the tests of one session: (folder, pack)."""
+    from helpers import image_sets
+    return image_sets(str(tmp_path_factory.mktemp("digit-images")), per_class=60)

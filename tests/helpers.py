@@ -62,3 +62,16 @@ def timeline_phases(path):
         if event.get("ph") == "B":
             phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
     return phases
+
+
+def image_sets(root, per_class=None):
+    """The generated digits image folder under `root`/images and its RecordIO pack under
+    `root`/pack (made by ``hvdtrain-pack``, as docs/data.md shows), generated once per
+    `root`. Returns (folder, pack)."""
+    from hvdtrain.data.sample_images import write_digit_images
+    folder, pack = os.path.join(root, "images"), os.path.join(root, "pack")
+    if not os.path.isfile(os.path.join(pack, "val.idx")):
+        write_digit_images(folder, per_class)
+        proc = run_command([tool("hvdtrain-pack"), folder, pack], timeout=300)
+        assert proc.returncode == 0, proc.stdout
+    return folder, pack

@@ -62,7 +62,8 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
         ("epochs", f"{len(epochs)} this run, {epochs[-1]['epoch'] + 1} in all "
                    f"({epochs[-1]['step']} steps)"),
         ("test accuracy", f"final {epochs[-1]['test_acc']:.4f}, best {best['test_acc']:.4f} "
-                          f"(epoch {best['epoch'] + 1})"),
+                          f"(epoch {best['epoch'] + 1}); top-5 final "
+                          f"{epochs[-1].get('test_top5', 0):.4f}"),
         ("total time", f"{total_time:.1f} s"),
         ("throughput", f"{sum(rates) / len(rates):.1f} samples/s (global, mean over epochs)"),
         ("workers", f"{num_workers} x {devices} device(s), {backend}"),

@@ -1,0 +1,139 @@
+"""ImageNet's train and evaluation transforms, one encoded image at a time.
+
+Training: random resized crop to `size` (area 8-100 %, aspect 3/4-4/3, as GluonCV's
+``RandomResizedCrop``), horizontal flip, colour jitter (brightness, contrast, saturation 0.4,
+in random order) and PCA lighting noise (0.1), as GluonCV's ``train_imagenet.py`` does.
+Evaluation: resize the shorter side to ``size * 256 / 224``, centre crop `size`. Both end
+with ImageNet's mean/std normalisation, channels first.
+
+Every random draw comes from ``numpy.random.default_rng([seed, epoch, sample])``, so an image
+is transformed the same whichever thread or process does it, and a resumed epoch repeats it.
+
+Decoding is Pillow's; JPEGs are decoded at a reduced scale (``draft``: libjpeg's DCT
+scaling) when the crop is at least twice the output size, which is most of the cost saved
+on large photos. Pillow releases the GIL while it decodes and resizes, so threads scale.
+"""
+from __future__ import annotations
+
+import io
+import math
+from typing import Tuple
+
+import numpy as np
+
+from .images import BadSample
+
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+# GluonCV / fb.resnet.torch's PCA of ImageNet's RGB pixels (on the 0-255 scale).
+EIGVAL = np.array([55.46, 4.794, 1.148], np.float32)
+EIGVEC = np.array([[-0.5675, 0.7192, 0.4009],
+                   [-0.5808, -0.0045, -0.8140],
+                   [-0.5836, -0.6948, 0.4203]], np.float32)
+GRAY = np.array([0.299, 0.587, 0.114], np.float32)
+JITTER = 0.4
+LIGHTING = 0.1
+
+
+def open_image(encoded: bytes, what: str):
+    """A lazily decoded Pillow image of `encoded` (raises :class:`BadSample` naming `what`)."""
+    from PIL import Image  # imported here: the in-memory datasets do not need Pillow
+    try:
+        image = Image.open(io.BytesIO(encoded))
+        image.size  # pylint: disable=pointless-statement
+        return image
+    except Exception as err:  # Pillow raises many kinds for bad files
+        raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
+
+
+def _crop_resize(image, box: Tuple[float, float, float, float], size: int, what: str):
+    """Crop `box` (in the full image's pixels) and resize it to size x size, RGB uint8 HWC.
+
+    A JPEG is first decoded at 1/2, 1/4 or 1/8 scale when the crop stays at least `size`.
+    """
+    from PIL import Image
+    width, height = image.size
+    crop_w, crop_h = box[2] - box[0], box[3] - box[1]
+    try:
+        if image.format == "JPEG":
+            wanted = (math.ceil(width * size / crop_w), math.ceil(height * size / crop_h))
+            image.draft("RGB", wanted)
+        scale_x, scale_y = image.size[0] / width, image.size[1] / height
+        image = image.convert("RGB")
+        scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+        out = image.resize((size, size), Image.BILINEAR, box=scaled)
+        return np.asarray(out, dtype=np.uint8)
+    except Exception as err:  # truncated or corrupt data surfaces here, at decode time
+        raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
+
+
+def random_box(width: int, height: int, rng: np.random.Generator,
+               area=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> Tuple[float, float, float, float]:
+    """GluonCV's random resized crop box: 10 tries at a random area and log-uniform aspect,
+    then the centred largest box of the allowed aspect."""
+    total = width * height
+    for _ in range(10):
+        target = rng.uniform(*area) * total
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            x0 = int(rng.integers(0, width - w + 1))
+            y0 = int(rng.integers(0, height - h + 1))
+            return (x0, y0, x0 + w, y0 + h)
+    return centre_box(width, height, 1.0)
+
+
+def centre_box(width: int, height: int, fraction: float) -> Tuple[float, float, float, float]:
+    """The centred square covering `fraction` of the shorter side."""
+    side = min(width, height) * fraction
+    x0, y0 = (width - side) / 2, (height - side) / 2
+    return (x0, y0, x0 + side, y0 + side)
+
+
+def colour_jitter(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Brightness, contrast and saturation (each by a factor in 1 +- 0.4), in random order,
+    on float32 HWC pixels in 0-255 (as MXNet's ``ColorJitterAug``)."""
+    for which in rng.permutation(3):
+        alpha = np.float32(1.0 + rng.uniform(-JITTER, JITTER))
+        if which == 0:
+            pixels = pixels * alpha
+        elif which == 1:
+            gray = np.float32((pixels @ GRAY).mean())
+            pixels = pixels * alpha + gray * (1 - alpha)
+        else:
+            gray = (pixels @ GRAY)[..., None]
+            pixels = pixels * alpha + gray * (1 - alpha)
+    return pixels
+
+
+def lighting(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """AlexNet's PCA lighting noise: add ``eigvec @ (alpha * eigval)``, alpha ~ N(0, 0.1)."""
+    alpha = rng.normal(0, LIGHTING, size=3).astype(np.float32)
+    return pixels + EIGVEC @ (alpha * EIGVAL)
+
+
+def normalise(pixels: np.ndarray, dtype) -> np.ndarray:
+    """HWC pixels in 0-255 to CHW, ``(x / 255 - mean) / std``."""
+    out = (pixels.astype(np.float32) * np.float32(1 / 255) - IMAGENET_MEAN) / IMAGENET_STD
+    return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=dtype)
+
+
+def train_transform(encoded: bytes, size: int, rng: np.random.Generator, what: str,
+                    dtype="float32") -> np.ndarray:
+    """Decode `encoded` and apply the training augmentation; a CHW array of `dtype`."""
+    image = open_image(encoded, what)
+    box = random_box(image.size[0], image.size[1], rng)
+    flip = rng.random() < 0.5
+    pixels = _crop_resize(image, box, size, what)
+    if flip:
+        pixels = pixels[:, ::-1]
+    pixels = lighting(colour_jitter(pixels.astype(np.float32), rng), rng)
+    return normalise(np.clip(pixels, 0, 255), dtype)
+
+
+def eval_transform(encoded: bytes, size: int, what: str, dtype="float32") -> np.ndarray:
+    """Decode `encoded`, resize its shorter side to ``size * 256/224`` and centre crop."""
+    image = open_image(encoded, what)
+    box = centre_box(image.size[0], image.size[1], 224 / 256)
+    return normalise(_crop_resize(image, box, size, what), dtype)
