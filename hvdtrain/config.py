@@ -106,6 +106,15 @@ class TrainConfig:
     image_size: Optional[int] = option(
         None, "side of the square images imagefolder and recordio train and evaluate on",
         group="data", range=POSITIVE, shown="224")
+    min_crop_area: float = option(
+        0.08, "imagefolder/recordio training crops cover at least this share of the image "
+        "(random resized crop)", group="data", range=(0, 1, True, False))
+    colour_jitter: float = option(
+        0.4, "imagefolder/recordio training: brightness, contrast and saturation vary by up "
+        "to this factor", group="data", range=(0, 1, False, True))
+    pca_noise: float = option(
+        0.1, "imagefolder/recordio training: std of AlexNet's PCA lighting noise",
+        group="data", range=NON_NEGATIVE)
     data_workers: int = option(
         2, "threads preparing (for image formats: decoding and augmenting) batches ahead of "
         "the step, per process", group="data",

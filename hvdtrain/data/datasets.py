@@ -63,7 +63,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, image_size: Optional
     """Load dataset `name` ('cifar10', 'digits' or 'synthetic'), or open the image folder
     or RecordIO pack in `data_dir` ('imagefolder', 'recordio'; images at `image_size`)."""
     if name in ("imagefolder", "recordio"):
-        from .streamed import load_images  # Pillow is needed only for these
+        from .streamed import load_images
         return load_images(name, data_dir, image_size)
     if name == "cifar10":
         return load_cifar10(data_dir)

@@ -3,7 +3,7 @@
     python -m hvdtrain.data.sample_images OUT_DIR [--per-class N]
 
 scikit-learn's handwritten digits drawn as colour JPEGs (and a few PNGs) of 40-120 pixels a
-side, each digit in random colours at a random place, sorted into ``OUT_DIR/train/<digit>/``
+side, each digit in random colours at a random place near the centre, sorted into ``OUT_DIR/train/<digit>/``
 and ``OUT_DIR/val/<digit>/`` (80/20). Deterministic: the same files every time.
 """
 from __future__ import annotations
@@ -19,19 +19,26 @@ CLASS_NAMES = tuple(f"digit{d}" for d in range(10))
 
 
 def render(digit: np.ndarray, rng: np.random.Generator):
-    """One 8x8 digit (values 0-16) as a colour Pillow image of random size and placement."""
+    """One 8x8 digit (values 0-16) as a colour Pillow image of random size and placement.
+
+    The digit stays inside the centred square that evaluation's centre crop keeps, and its
+    ink is far from the paper's colour, so a small model can learn the set in a few epochs.
+    """
     from PIL import Image
-    width, height = (int(v) for v in rng.integers(40, 121, size=2))
-    side = int(min(width, height) * rng.uniform(0.7, 0.95))
-    background = rng.integers(0, 256, size=3)
-    ink = (background + rng.integers(96, 160, size=3)) % 256  # always far from the paper
+    width = int(rng.integers(40, 121))
+    height = int(np.clip(width * rng.uniform(0.75, 1.33), 40, 120))
+    short = min(width, height)
+    side = int(short * rng.uniform(0.55, 0.8))
+    background = rng.integers(170, 256, size=3)  # pale paper, dark ink, random tints
+    ink = rng.integers(0, 90, size=3)
     mask = Image.fromarray((digit * (255 / 16)).astype(np.uint8)).resize((side, side),
                                                                           Image.BILINEAR)
     alpha = np.asarray(mask, np.float32)[..., None] / 255
     canvas = np.empty((height, width, 3), np.float32)
     canvas[:] = background
-    top = int(rng.integers(0, height - side + 1))
-    left = int(rng.integers(0, width - side + 1))
+    room = int(short * 224 / 256) - side  # play inside the centre crop
+    top = (height - short * 224 // 256) // 2 + int(rng.integers(0, max(room, 0) + 1))
+    left = (width - short * 224 // 256) // 2 + int(rng.integers(0, max(room, 0) + 1))
     patch = canvas[top:top + side, left:left + side]
     canvas[top:top + side, left:left + side] = patch * (1 - alpha) + ink * alpha
     return Image.fromarray(canvas.astype(np.uint8))

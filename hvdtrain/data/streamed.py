@@ -20,7 +20,7 @@ import numpy as np
 
 from . import images
 from .datasets import DatasetError
-from .transforms import eval_transform, train_transform
+from .transforms import Augment, check_jpeg_codec, eval_transform, train_transform
 
 logger = logging.getLogger("hvdtrain")
 
@@ -70,6 +70,7 @@ def load_images(kind: str, data_dir: Optional[str], image_size: Optional[int] = 
     if not os.path.isdir(data_dir):
         raise DatasetError(f"--data-dir {data_dir} is not a folder (or cannot be read): "
                            f"check the path on this host")
+    check_jpeg_codec()
     size = image_size or DEFAULT_IMAGE_SIZE
     if kind == "imagefolder":
         classes, train, test = images.open_folder(data_dir)
@@ -115,10 +116,12 @@ class ImageLoader:
         With the epoch and the sample's position in the split, decides its augmentation.
     dtype : str
         The batches' image dtype (float16 halves what travels to a GPU).
+    augment : transforms.Augment
+        How strongly training varies images (default: ImageNet's settings).
     """
 
     def __init__(self, split, sampler, batch_size, train, image_size, data_workers=2,
-                 seed=0, dtype="float32"):
+                 seed=0, dtype="float32", augment=Augment()):
         self.split = split
         self.sampler = sampler
         self.batch_size = int(batch_size)
@@ -127,6 +130,7 @@ class ImageLoader:
         self.data_workers = int(data_workers)
         self.seed = int(seed)
         self.dtype = np.dtype(dtype)
+        self.augment = augment
         self.skipped: List[str] = []
 
     def __len__(self) -> int:
@@ -138,7 +142,8 @@ class ImageLoader:
         what = self.split.describe(index)
         if self.train:
             rng = np.random.default_rng([self.seed, epoch, index])
-            return train_transform(encoded, self.image_size, rng, what, self.dtype), label
+            return (train_transform(encoded, self.image_size, rng, what, self.dtype,
+                                    self.augment), label)
         return eval_transform(encoded, self.image_size, what, self.dtype), label
 
     def _make_batch(self, index: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:

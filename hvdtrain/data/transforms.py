@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass
 from typing import Tuple
 
 import numpy as np
+# Imported with this module, before the store loads Horovod: horovod.mxnet loads libmxnet's
+# symbols globally, among them a libjpeg of another version than Pillow's, and a Pillow
+# loaded after that decodes no JPEG ("broken data stream"). See check_jpeg_codec.
+from PIL import Image
 
 from .images import BadSample
 
@@ -37,7 +42,6 @@ LIGHTING = 0.1
 
 def open_image(encoded: bytes, what: str):
     """A lazily decoded Pillow image of `encoded` (raises :class:`BadSample` naming `what`)."""
-    from PIL import Image  # imported here: the in-memory datasets do not need Pillow
     try:
         image = Image.open(io.BytesIO(encoded))
         image.size  # pylint: disable=pointless-statement
@@ -51,7 +55,6 @@ def _crop_resize(image, box: Tuple[float, float, float, float], size: int, what:
 
     A JPEG is first decoded at 1/2, 1/4 or 1/8 scale when the crop stays at least `size`.
     """
-    from PIL import Image
     width, height = image.size
     crop_w, crop_h = box[2] - box[0], box[3] - box[1]
     try:
@@ -65,6 +68,20 @@ def _crop_resize(image, box: Tuple[float, float, float, float], size: int, what:
         return np.asarray(out, dtype=np.uint8)
     except Exception as err:  # truncated or corrupt data surfaces here, at decode time
         raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
+
+
+def check_jpeg_codec() -> None:
+    """Refuse, in one line, a process whose Pillow cannot code JPEGs (every image would be
+    skipped as undecodable): Pillow was first imported after horovod.mxnet."""
+    from .datasets import DatasetError
+    try:
+        out = io.BytesIO()
+        Image.new("RGB", (8, 8), (200, 30, 60)).save(out, "JPEG")
+        Image.open(io.BytesIO(out.getvalue())).load()
+    except OSError as err:
+        raise DatasetError(f"Pillow cannot decode JPEGs in this process ({err}): it was "
+                           f"imported after horovod.mxnet, whose libjpeg replaces Pillow's; "
+                           f"import hvdtrain (or PIL) before horovod.mxnet") from None
 
 
 def random_box(width: int, height: int, rng: np.random.Generator,
@@ -91,11 +108,12 @@ def centre_box(width: int, height: int, fraction: float) -> Tuple[float, float, 
     return (x0, y0, x0 + side, y0 + side)
 
 
-def colour_jitter(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Brightness, contrast and saturation (each by a factor in 1 +- 0.4), in random order,
-    on float32 HWC pixels in 0-255 (as MXNet's ``ColorJitterAug``)."""
+def colour_jitter(pixels: np.ndarray, rng: np.random.Generator,
+                  jitter: float = JITTER) -> np.ndarray:
+    """Brightness, contrast and saturation (each by a factor in 1 +- `jitter`), in random
+    order, on float32 HWC pixels in 0-255 (as MXNet's ``ColorJitterAug``)."""
     for which in rng.permutation(3):
-        alpha = np.float32(1.0 + rng.uniform(-JITTER, JITTER))
+        alpha = np.float32(1.0 + rng.uniform(-jitter, jitter))
         if which == 0:
             pixels = pixels * alpha
         elif which == 1:
@@ -107,9 +125,10 @@ def colour_jitter(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return pixels
 
 
-def lighting(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """AlexNet's PCA lighting noise: add ``eigvec @ (alpha * eigval)``, alpha ~ N(0, 0.1)."""
-    alpha = rng.normal(0, LIGHTING, size=3).astype(np.float32)
+def lighting(pixels: np.ndarray, rng: np.random.Generator,
+             std: float = LIGHTING) -> np.ndarray:
+    """AlexNet's PCA lighting noise: add ``eigvec @ (alpha * eigval)``, alpha ~ N(0, std)."""
+    alpha = rng.normal(0, std, size=3).astype(np.float32)
     return pixels + EIGVEC @ (alpha * EIGVAL)
 
 
@@ -119,17 +138,29 @@ def normalise(pixels: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=dtype)
 
 
+@dataclass(frozen=True)
+class Augment:
+    """How strongly training transforms vary an image (ImageNet's defaults)."""
+
+    min_area: float = 0.08
+    jitter: float = JITTER
+    pca_noise: float = LIGHTING
+
+
 def train_transform(encoded: bytes, size: int, rng: np.random.Generator, what: str,
-                    dtype="float32") -> np.ndarray:
-    """Decode `encoded` and apply the training augmentation; a CHW array of `dtype`."""
+                    dtype="float32", augment: Augment = Augment()) -> np.ndarray:
+    """Decode `encoded` and apply the training augmentation; a CHW array of `dtype`.
+
+    The draws happen in a fixed order whatever the options, so a setting of 0 changes
+    only its own effect."""
     image = open_image(encoded, what)
-    box = random_box(image.size[0], image.size[1], rng)
+    box = random_box(image.size[0], image.size[1], rng, area=(augment.min_area, 1.0))
     flip = rng.random() < 0.5
     pixels = _crop_resize(image, box, size, what)
     if flip:
         pixels = pixels[:, ::-1]
-    pixels = lighting(colour_jitter(pixels.astype(np.float32), rng), rng)
-    return normalise(np.clip(pixels, 0, 255), dtype)
+    pixels = colour_jitter(pixels.astype(np.float32), rng, augment.jitter)
+    return normalise(np.clip(lighting(pixels, rng, augment.pca_noise), 0, 255), dtype)
 
 
 def eval_transform(encoded: bytes, size: int, what: str, dtype="float32") -> np.ndarray:

@@ -27,6 +27,7 @@ from ..store.gluon_internals import set_up_store
 from .guard import FiniteGuard
 from ..data.loader import BatchLoader
 from ..data.streamed import ImageLoader
+from ..data.transforms import Augment
 from ..report.log import MetricsWriter
 from .replicas import average_running_stats
 from ..report.progress import TensorBoardWriter, summary_lines
@@ -106,7 +107,9 @@ def build_loaders(data, cfg: TrainConfig, dist: DistContext, num_devices: int = 
     if data.streamed:
         common = dict(image_size=data.image_size, data_workers=cfg.data_workers,
                       seed=cfg.seed, dtype=cfg.dtype)
-        return (ImageLoader(data.train, train_sampler, worker_batch, train=True, **common),
+        augment = Augment(cfg.min_crop_area, cfg.colour_jitter, cfg.pca_noise)
+        return (ImageLoader(data.train, train_sampler, worker_batch, train=True,
+                            augment=augment, **common),
                 ImageLoader(data.test, test_sampler, worker_batch, train=False, **common))
     common = dict(mean=data.mean, std=data.std, data_workers=cfg.data_workers, seed=cfg.seed)
     return (BatchLoader(data.train_x, data.train_y, train_sampler, worker_batch,

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from helpers import run_command, tool
+from helpers import bad_copy, run_command, tool
 from hvdtrain.data import images
 from hvdtrain.data.sampler import SplitSampler
 from hvdtrain.data.streamed import ImageLoader, load_images
@@ -100,27 +100,9 @@ def test_augmentation_depends_on_seed_epoch_and_sample_not_on_workers(digit_imag
     assert not np.allclose(inline[0], epoch_batches(0, 2, seed=2)[0])
 
 
-def _bad_copy(folder, pack, tmp_path):
-    """A copy of the generated sets with one corrupt JPEG and one damaged record."""
-    bad_folder, bad_pack = str(tmp_path / "images"), str(tmp_path / "pack")
-    shutil.copytree(folder, bad_folder)
-    shutil.copytree(pack, bad_pack)
-    victim = sorted(os.listdir(os.path.join(bad_folder, "train", "digit3")))[0]
-    path = os.path.join(bad_folder, "train", "digit3", victim)
-    with open(path, "r+b") as out:  # a JPEG header followed by garbage
-        out.seek(20)
-        out.write(b"\x00" * 4000)
-        out.truncate(400)
-    keys, offsets = images.read_idx(os.path.join(bad_pack, "train.idx"))
-    with open(os.path.join(bad_pack, "train.rec"), "r+b") as out:
-        out.seek(int(offsets[7]))
-        out.write(b"\xff" * 8)  # magic and length of record 7 gone
-    return bad_folder, bad_pack, path, int(keys[7])
-
-
 def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images, tmp_path,
                                                                    caplog):
-    bad_folder, bad_pack, path, key = _bad_copy(*digit_images, tmp_path)
+    bad_folder, bad_pack, path, key = bad_copy(*digit_images, tmp_path)
     caplog.set_level(logging.WARNING, logger="hvdtrain")
     for kind, root, needle in (("imagefolder", bad_folder, path),
                                ("recordio", bad_pack, f"train.rec record {key}")):
