@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import bad_copy, run_command
+from helpers import bad_copy, image_sets, run_command
 from jobs import HERE, assert_same_params, launcher
 
 pytestmark = pytest.mark.dist
@@ -63,14 +63,17 @@ def metrics(out_dir):
 
 
 @pytest.fixture(scope="module")
-def trained(digit_images, tmp_path_factory):
-    """2 ranks on the folder and on the pack, one data worker (so ids are in order)."""
-    folder, pack = digit_images
+def trained(tmp_path_factory):
+    """2 ranks on a folder of 120 digits a class and on its pack, one data worker (so ids
+    are in order)."""
+    folder, pack = image_sets(str(tmp_path_factory.mktemp("digits120")), per_class=120)
     out = {}
     for kind, root in (("imagefolder", folder), ("recordio", pack)):
         out_dir = str(tmp_path_factory.mktemp(kind))
         out[kind] = run_images(out_dir, ["--dataset", kind, "--data-dir", root, "--epochs",
-                                         "12", "--data-workers", "1", "--output-dir",
+                                         "12", "--data-workers", "1", "--batch-size", "16",
+                                         "--lr", "0.2", "--lr-schedule", "cosine",
+                                         "--warmup-epochs", "1", "--output-dir",
                                          os.path.join(out_dir, "run")])
     return out
 
@@ -90,7 +93,7 @@ def test_two_ranks_learn_the_folder_and_the_pack_in_the_same_order(trained):
 
 def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, digit_images, tmp_path):
     _, _, ids, _ = trained["recordio"]
-    assert_each_sample_once(ids, 480, 120, epochs=12)
+    assert_each_sample_once(ids, 960, 240, epochs=12)
     _, pack = digit_images
     _, _, ids3, _ = run_images(str(tmp_path), ["--dataset", "recordio", "--data-dir", pack,
                                                "--epochs", "2", "--data-workers", "2"], ranks=3)

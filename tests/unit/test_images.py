@@ -146,3 +146,35 @@ def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, bre
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout
     assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0], lines[0]
+
+
+def test_label_smoothing_and_top5_against_numpy():
+    from hvdtrain.loop.epoch import training_loss
+    from hvdtrain.loop.evaluate import top5_correct
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(size=(6, 7)).astype(np.float32), np.arange(6) % 7
+    loss = training_loss(0.1)(mx.nd.array(logits), mx.nd.array(labels)).asnumpy()
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    target = np.full((6, 7), 0.1 / 7)
+    target[np.arange(6), labels] += 0.9
+    np.testing.assert_allclose(loss, -(target * log_p).sum(1), rtol=1e-5)
+    ranks = (-logits).argsort(1)[:, :5]
+    expected = sum(labels[i] in ranks[i] for i in range(6))
+    got = top5_correct([mx.nd.array(logits)], [mx.nd.array(labels)], mx.cpu()).asscalar()
+    assert got == expected
+
+
+def test_check_names_a_rank_whose_pack_differs(digit_images, tmp_path):
+    from hvdtrain.check import rankfacts
+    _, pack = digit_images
+    other = str(tmp_path / "pack")
+    shutil.copytree(pack, other)
+    with open(os.path.join(other, "val.idx")) as src:
+        lines = src.readlines()
+    with open(os.path.join(other, "val.idx"), "w") as out:
+        out.writelines(lines[:-1])  # one validation image fewer on "rank 1"
+    facts = [rankfacts.collect(0, 0, pack, no_cuda=True), rankfacts.collect(1, 1, pack, True),
+             rankfacts.collect(2, 0, other, no_cuda=True)]
+    assert facts[0]["data"] == "recordio(480+120)" and facts[2]["data"] == "recordio(480+119)"
+    report, failed = rankfacts.format_report(facts)
+    assert failed == [2] and "data_id" in report.splitlines()[-2]
