@@ -108,34 +108,28 @@ def centre_box(width: int, height: int, fraction: float) -> Tuple[float, float, 
     return (x0, y0, x0 + side, y0 + side)
 
 
-def colour_jitter(pixels: np.ndarray, rng: np.random.Generator,
-                  jitter: float = JITTER) -> np.ndarray:
-    """Brightness, contrast and saturation (each by a factor in 1 +- `jitter`), in random
-    order, on float32 HWC pixels in 0-255 (as MXNet's ``ColorJitterAug``)."""
+def colour_matrix(mean: np.ndarray, rng: np.random.Generator, jitter: float = JITTER,
+                  pca_noise: float = LIGHTING):
+    """Colour jitter and lighting noise as one affine map of RGB rows: ``p @ m + c``.
+
+    Brightness, contrast and saturation (each by a factor in 1 +- `jitter`, in random order,
+    as MXNet's ``ColorJitterAug``) are linear in the pixels: brightness ``a p``, contrast
+    ``a p + (1 - a) gray_mean``, saturation ``a p + (1 - a) gray(p)``; contrast's grey mean
+    follows from the image's `mean` colour through the maps before it. AlexNet's PCA
+    lighting noise adds ``eigvec @ (alpha * eigval)``, alpha ~ N(0, `pca_noise`). One pass
+    over the pixels then does what four did.
+    """
+    matrix, shift = np.eye(3), np.zeros(3)
     for which in rng.permutation(3):
-        alpha = np.float32(1.0 + rng.uniform(-jitter, jitter))
-        if which == 0:
-            pixels = pixels * alpha
-        elif which == 1:
-            gray = np.float32((pixels @ GRAY).mean())
-            pixels = pixels * alpha + gray * (1 - alpha)
-        else:
-            gray = (pixels @ GRAY)[..., None]
-            pixels = pixels * alpha + gray * (1 - alpha)
-    return pixels
-
-
-def lighting(pixels: np.ndarray, rng: np.random.Generator,
-             std: float = LIGHTING) -> np.ndarray:
-    """AlexNet's PCA lighting noise: add ``eigvec @ (alpha * eigval)``, alpha ~ N(0, std)."""
-    alpha = rng.normal(0, std, size=3).astype(np.float32)
-    return pixels + EIGVEC @ (alpha * EIGVAL)
-
-
-def normalise(pixels: np.ndarray, dtype) -> np.ndarray:
-    """HWC pixels in 0-255 to CHW, ``(x / 255 - mean) / std``."""
-    out = (pixels.astype(np.float32) * np.float32(1 / 255) - IMAGENET_MEAN) / IMAGENET_STD
-    return np.ascontiguousarray(out.transpose(2, 0, 1), dtype=dtype)
+        alpha = 1.0 + rng.uniform(-jitter, jitter)
+        step, offset = alpha * np.eye(3), 0.0
+        if which == 1:
+            offset = (1 - alpha) * float((mean @ matrix + shift) @ GRAY)
+        elif which == 2:
+            step = step + (1 - alpha) * np.outer(GRAY, np.ones(3))
+        matrix, shift = matrix @ step, shift @ step + offset
+    noise = rng.normal(0, pca_noise, size=3)
+    return matrix, shift + EIGVEC @ (noise * EIGVAL)
 
 
 @dataclass(frozen=True)
@@ -159,12 +153,23 @@ def train_transform(encoded: bytes, size: int, rng: np.random.Generator, what: s
     pixels = _crop_resize(image, box, size, what)
     if flip:
         pixels = pixels[:, ::-1]
-    pixels = colour_jitter(pixels.astype(np.float32), rng, augment.jitter)
-    return normalise(np.clip(lighting(pixels, rng, augment.pca_noise), 0, 255), dtype)
+    rows = pixels.reshape(-1, 3)
+    matrix, shift = colour_matrix(rows.mean(axis=0), rng, augment.jitter, augment.pca_noise)
+    out = rows.astype(np.float32) @ matrix.astype(np.float32)
+    out += shift.astype(np.float32)
+    np.clip(out, 0, 255, out=out)
+    return _to_tensor(out.reshape(size, size, 3), dtype)
+
+
+def _to_tensor(pixels: np.ndarray, dtype) -> np.ndarray:
+    """float32 HWC pixels in 0-255 (modified in place) to normalised CHW of `dtype`."""
+    pixels *= np.float32(1 / 255) / IMAGENET_STD
+    pixels -= IMAGENET_MEAN / IMAGENET_STD
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=dtype)
 
 
 def eval_transform(encoded: bytes, size: int, what: str, dtype="float32") -> np.ndarray:
     """Decode `encoded`, resize its shorter side to ``size * 256/224`` and centre crop."""
     image = open_image(encoded, what)
     box = centre_box(image.size[0], image.size[1], 224 / 256)
-    return normalise(_crop_resize(image, box, size, what), dtype)
+    return _to_tensor(_crop_resize(image, box, size, what).astype(np.float32), dtype)

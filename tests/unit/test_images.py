@@ -178,3 +178,34 @@ def test_check_names_a_rank_whose_pack_differs(digit_images, tmp_path):
     assert facts[0]["data"] == "recordio(480+120)" and facts[2]["data"] == "recordio(480+119)"
     report, failed = rankfacts.format_report(facts)
     assert failed == [2] and "data_id" in report.splitlines()[-2]
+
+
+def test_training_colour_transform_equals_the_steps_written_out(digit_images):
+    """The one-pass colour map against brightness, contrast, saturation and lighting
+    applied one after another, as MXNet's ColorJitterAug and LightingAug do."""
+    from hvdtrain.data import transforms as T
+    folder, _ = digit_images
+    data = load_images("imagefolder", folder)
+    for index in range(5):
+        encoded, _ = data.train.read(index)
+        got = T.train_transform(encoded, 48, np.random.default_rng([3, 1, index]), "x")
+        rng = np.random.default_rng([3, 1, index])
+        image = T.open_image(encoded, "x")
+        box = T.random_box(image.size[0], image.size[1], rng)
+        flip = rng.random() < 0.5
+        pixels = T._crop_resize(image, box, 48, "x").astype(np.float64)
+        if flip:
+            pixels = pixels[:, ::-1]
+        for which in rng.permutation(3):
+            alpha = 1.0 + rng.uniform(-0.4, 0.4)
+            gray = pixels @ T.GRAY.astype(np.float64)
+            if which == 0:
+                pixels = pixels * alpha
+            elif which == 1:
+                pixels = pixels * alpha + gray.mean() * (1 - alpha)
+            else:
+                pixels = pixels * alpha + gray[..., None] * (1 - alpha)
+        pixels = pixels + T.EIGVEC @ (rng.normal(0, 0.1, size=3) * T.EIGVAL)
+        expected = ((np.clip(pixels, 0, 255) / 255 - IMAGENET_MEAN) / IMAGENET_STD)
+        # float32 against float64 arithmetic on values up to ~2.6: a few ulp of float32.
+        np.testing.assert_allclose(got, expected.transpose(2, 0, 1), atol=1e-4)
