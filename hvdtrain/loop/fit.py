@@ -208,6 +208,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
         average_running_stats(net, dist)
+        test_loader.sampler.set_epoch(epoch)  # the same order; names the epoch it scores
         result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
