@@ -1,6 +1,7 @@
 """Training on an image folder and on its RecordIO pack under horovodrun: accuracy, sample
 coverage by id across 2 and 3 ranks, exact mid-epoch resume, bad samples."""
 import collections
+import glob
 import json
 import os
 import sys
@@ -120,6 +121,10 @@ def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images,
     ends = [m for m in metrics(os.path.join(whole_dir, "run")) if m["event"] == "epoch"]
     again = [m for m in metrics(run_out) if m["event"] == "epoch"]
     assert [round(m["test_acc"], 6) for m in ends] == [round(m["test_acc"], 6) for m in again]
+    # What each output index means travels with the model.
+    metas = glob.glob(os.path.join(run_out, "checkpoints", "*", "meta.json"))
+    assert metas and all(json.load(open(m))["classes"] == [f"digit{d}" for d in range(10)]
+                         for m in metas)
 
 
 def test_bad_samples_are_skipped_named_and_counted(digit_images, tmp_path):
