@@ -13,6 +13,7 @@ from .data.loader import BatchLoader
 from .report.log import MetricsWriter, setup_logging
 from .models import build_model, model_names
 from .data.sampler import SplitSampler
+from .data.streamed import ImageDataset, ImageLoader, load_images
 from .state.train_state import TrainState
 from .loop.fit import (Outputs, broadcast_parameters, build_loaders, build_trainer, fit,
                     initialize)
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchLoader", "BucketedTrainer", "ConfigError", "Dataset", "DistContext", "EvalResult", "HorovodKVStore",
+    "ImageDataset", "ImageLoader", "load_images",
     "MetricsWriter", "Outputs", "SplitSampler", "TrainConfig", "TrainState", "build_loaders",
     "broadcast_parameters", "build_model", "build_trainer", "create_store", "evaluate", "fit", "initialize",
     "load_dataset", "model_names", "select_devices", "setup_logging",

@@ -19,6 +19,10 @@ HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kerne
 GROUPS = ("data", "model", "optimisation", "distribution", "output")
 
 
+IMAGE_LAYOUTS = {"imagefolder": "train/<class>/*.jpg and val/<class>/*",
+                 "recordio": "train.rec, train.idx, val.rec and val.idx"}
+
+
 class ConfigError(ValueError):
     """A configuration a user can fix; its message is one line meant for them."""
 
@@ -92,13 +96,28 @@ class TrainConfig:
 
     # data
     dataset: str = option(
-        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled with scikit-learn) "
-        "or synthetic (random, for throughput)", group="data",
-        choices=("cifar10", "digits", "synthetic"))
+        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled with scikit-learn), "
+        "synthetic (random, for throughput), imagefolder (--data-dir/train/<class>/*.jpg and "
+        "val/<class>/*) or recordio (--data-dir/train.rec+.idx and val.rec+.idx)",
+        group="data", choices=("cifar10", "digits", "synthetic", "imagefolder", "recordio"))
     data_dir: Optional[str] = option(
-        None, "folder with the CIFAR-10 binary files", group="data")
+        None, "folder with the CIFAR-10 binary files, the image folder or the RecordIO pack "
+        "(docs/data.md)", group="data")
+    image_size: Optional[int] = option(
+        None, "side of the square images imagefolder and recordio train and evaluate on",
+        group="data", range=POSITIVE, shown="224")
+    min_crop_area: float = option(
+        0.08, "imagefolder/recordio training crops cover at least this share of the image "
+        "(random resized crop)", group="data", range=(0, 1, True, False))
+    colour_jitter: float = option(
+        0.4, "imagefolder/recordio training: brightness, contrast and saturation vary by up "
+        "to this factor", group="data", range=(0, 1, False, True))
+    pca_noise: float = option(
+        0.1, "imagefolder/recordio training: std of AlexNet's PCA lighting noise",
+        group="data", range=NON_NEGATIVE)
     data_workers: int = option(
-        2, "threads preparing batches ahead of the step, per process", group="data",
+        2, "threads preparing (for image formats: decoding and augmenting) batches ahead of "
+        "the step, per process", group="data",
         range=NON_NEGATIVE)
     sampling: str = option(
         "strided", "how each epoch's shuffle is split over workers; strided makes N workers x "
@@ -131,12 +150,19 @@ class TrainConfig:
     warmup_epochs: float = option(
         0.0, "linear learning-rate warm-up, in epochs", group="optimisation",
         range=NON_NEGATIVE)
+    lr_schedule: str = option(
+        "step", "after the warm-up: step (x --lr-decay-factor at each --lr-decay-epochs), "
+        "cosine or poly (power 2) decay to 0 at the last step", group="optimisation",
+        choices=("step", "cosine", "poly"))
     lr_decay_epochs: Tuple[int, ...] = option(
         (), "comma-separated epochs at which the learning rate is multiplied by "
         "--lr-decay-factor", group="optimisation", parse=int_list)
     lr_decay_factor: float = option(
         0.1, "factor the learning rate is multiplied by at each --lr-decay-epochs epoch",
         group="optimisation", range=(0, 1, True, False))
+    label_smoothing: float = option(
+        0.0, "train on targets 1 - e for the true class and e / classes spread over all",
+        group="optimisation", range=(0, 1, False, True))
     optimizer: str = option(
         "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
         choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
@@ -358,9 +384,21 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
     if cfg.gpus and cfg.gpus_per_worker:
         raise ConfigError("give either --gpus or --gpus-per-worker, not both")
-    if cfg.data_dir and cfg.dataset != "cifar10":
-        raise ConfigError(f"--data-dir is read by --dataset cifar10 only; --dataset "
-                          f"{cfg.dataset} would ignore it: drop one of them")
+    if cfg.dataset in ("imagefolder", "recordio") and not cfg.data_dir:
+        raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir: the folder holding "
+                          f"{IMAGE_LAYOUTS[cfg.dataset]} (docs/data.md)")
+    if cfg.data_dir and cfg.dataset not in ("cifar10", "imagefolder", "recordio"):
+        raise ConfigError(f"--data-dir is read by --dataset cifar10, imagefolder and recordio "
+                          f"only; --dataset {cfg.dataset} would ignore it: drop one of them")
+    if cfg.image_size and cfg.dataset not in ("imagefolder", "recordio"):
+        raise ConfigError(f"--image-size is for --dataset imagefolder and recordio; "
+                          f"--dataset {cfg.dataset} has images of a fixed size: drop it")
+    if cfg.lr_schedule != "step" and cfg.lr_decay_epochs:
+        raise ConfigError(f"--lr-decay-epochs are the steps of --lr-schedule step; "
+                          f"--lr-schedule {cfg.lr_schedule} decays smoothly: drop one of them")
+    if cfg.kvstore == "dist_async" and cfg.lr_schedule != "step":
+        raise ConfigError("--kvstore dist_async runs the optimizer on the servers, which "
+                          "never see a learning-rate schedule: drop --lr-schedule")
     if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
         raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
                           "--no-cuda")

@@ -152,7 +152,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         check_model_name(cfg.model_name)  # what the command names, before the folder
         check_dataset(cfg.dataset, cfg.data_dir)
         run_dir = RunDir.decide(cfg)
-        data = load_dataset(cfg.dataset, cfg.data_dir)
+        data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
@@ -168,14 +168,17 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         policy.prepare_model(net)
         trainer = build_trainer(net, cfg, dist, policy)
         policy.prepare_trainer(trainer)
-        state = run_dir.restore(net, trainer, devices, dist, worker_batch, len(data.train_y))
+        state = run_dir.restore(net, trainer, devices, dist, worker_batch, data.num_train)
         watchdog.beat("start-up (trainer ready)")
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
-        result = fit(net, trainer, data, devices, dist, cfg,
-                     build_outputs(cfg, dist, worker_batch), state, watchdog, policy)
+        outputs = build_outputs(cfg, dist, worker_batch)
+        if data.streamed:  # what each output index means, for whoever uses the model later
+            outputs.checkpointer.meta["classes"] = list(data.classes)
+        result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
         if cfg.output_dir:
-            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog), "the end")
+            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog),
+                           "the end")
         return Run(net, trainer, dist, result)

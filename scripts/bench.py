@@ -6,7 +6,8 @@ processes at the same time (the denominator of scaling efficiency). Then an inst
 two-rank run for the share of step time spent in the gradient exchange. The same for
 hvdtrain as it was before zero-copy buckets. Then rows for an
 option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
-two-rank run and its two independent processes. Last, an allreduce microbenchmark. Prints
+two-rank run and its two independent processes. Then an allreduce microbenchmark, and the
+input-pipeline and memory rows of scripts/bench_images.py. Prints
 one table and writes it as JSON (--json, default runs/bench.json).
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
@@ -168,6 +169,10 @@ def main():
     for size, store_bw, raw_bw in results.allreduce:
         print(f"  {size / 2**20:7.2f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
               f"ratio {store_bw / raw_bw:.2f}")
+    print("\ninput pipeline and memory (scripts/bench_images.py):")
+    for row in results.images:
+        print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in row.items()))
     print(f"\nwritten to {args.json}")
 
 
@@ -189,6 +194,12 @@ def measure_all(args, tmp, runs, results):
     micro = runs.collect([runs.start(horovodrun(2) + [
         sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     results.allreduce = [r for r in micro if r["rank"] == 0][0]["results"]
+    # Input pipeline (decode + ImageNet transforms at 224) against ImageRecordIter, and
+    # peak RSS for a pack 10x larger than another (targets in docs/data.md).
+    images = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_images.py"),
+                                       "--images", "1024", "--threads", "1,2"])])
+    results.images = images[0]["rows"]
+    results.write(complete=False)
 
 
 if __name__ == "__main__":

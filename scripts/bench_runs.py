@@ -143,6 +143,7 @@ class Results:
         self.path = path
         self.rows = []
         self.allreduce = None
+        self.images = []  # the input-pipeline rows (scripts/bench_images.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
 
@@ -173,7 +174,7 @@ class Results:
         try:
             with open(temporary, "w") as out:
                 json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
-                               complete=complete), out, indent=1)
+                               images=self.images, complete=complete), out, indent=1)
             os.replace(temporary, self.path)
         finally:
             if os.path.exists(temporary):

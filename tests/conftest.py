@@ -25,3 +25,11 @@ def pytest_runtest_makereport(item, call):
         text = helpers.job_report()
         if text:
             report.sections.append(("output of the jobs this test started", text))
+
+
+@pytest.fixture(scope="session")
+def digit_images(tmp_path_factory):
+    """A small generated image folder (60 digits a class: 480 train, 120 val) and its
+    RecordIO pack, shared by the tests of one session: (folder, pack)."""
+    from helpers import image_sets
+    return image_sets(str(tmp_path_factory.mktemp("digit-images")), per_class=60)

@@ -3,6 +3,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,35 @@ def timeline_phases(path):
         if event.get("ph") == "B":
             phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
     return phases
+
+
+def image_sets(root, per_class=None):
+    """The generated digits image folder under `root`/images and its RecordIO pack under
+    `root`/pack (made by ``hvdtrain-pack``, as docs/data.md shows), generated once per
+    `root`. Returns (folder, pack)."""
+    from hvdtrain.data.sample_images import write_digit_images
+    folder, pack = os.path.join(root, "images"), os.path.join(root, "pack")
+    if not os.path.isfile(os.path.join(pack, "val.idx")):
+        write_digit_images(folder, per_class)
+        proc = run_command([tool("hvdtrain-pack"), folder, pack], timeout=300)
+        assert proc.returncode == 0, proc.stdout
+    return folder, pack
+
+
+def bad_copy(folder, pack, tmp_path):
+    """A copy of the generated sets with one corrupt JPEG and one damaged record."""
+    bad_folder, bad_pack = str(tmp_path / "images"), str(tmp_path / "pack")
+    shutil.copytree(folder, bad_folder)
+    shutil.copytree(pack, bad_pack)
+    victim = sorted(os.listdir(os.path.join(bad_folder, "train", "digit3")))[0]
+    path = os.path.join(bad_folder, "train", "digit3", victim)
+    with open(path, "r+b") as out:  # a JPEG header followed by garbage
+        out.seek(20)
+        out.write(b"\x00" * 4000)
+        out.truncate(400)
+    from hvdtrain.data.images import read_idx
+    keys, offsets = read_idx(os.path.join(bad_pack, "train.idx"))
+    with open(os.path.join(bad_pack, "train.rec"), "r+b") as out:
+        out.seek(int(offsets[7]))
+        out.write(b"\xff" * 8)  # magic and length of record 7 gone
+    return bad_folder, bad_pack, path, int(keys[7])

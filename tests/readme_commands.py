@@ -17,7 +17,7 @@ from helpers import REPO
 
 #: First words of the lines the suite runs or parses.
 COVERED = ("hvdtrain", "horovodrun", "mpirun", "hvdtrain-launch", "hvdtrain-plot", "scripts/",
-           "examples/", "sbatch", "docker", "make")
+           "examples/", "sbatch", "docker", "make", "hvdtrain-pack", "python")
 #: First words of lines no test can stand in for, with the reason.
 NOT_RUN = {
     "source": "activates the virtual environment the tests already run in",

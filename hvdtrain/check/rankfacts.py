@@ -13,11 +13,14 @@ import socket
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..data.datasets import CIFAR_RECORD, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES, _cifar_dir
+from ..data.datasets import (CIFAR_RECORD, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES, DatasetError,
+                             _cifar_dir)
+# Imported before horovod.mxnet is (Pillow must load its libjpeg first: data/transforms.py).
+from ..data.streamed import load_images
 
 # Facts every rank must share: a rank that differs runs another install than the rest.
 COMPARED = ("python", "hvdtrain", "hvdtrain_path", "mxnet", "mxnet_path", "horovod",
-            "horovod_path", "numpy", "numpy_path", "build", "device_kind")
+            "horovod_path", "numpy", "numpy_path", "build", "device_kind", "data_id")
 PACKAGES = ("hvdtrain", "mxnet", "horovod", "numpy")
 COLUMNS = ("rank", "host", "local", "hvdtrain", "mxnet", "horovod", "numpy", "build", "GPUs",
            "device", "data", "status")
@@ -26,6 +29,30 @@ COLUMNS = ("rank", "host", "local", "hvdtrain", "mxnet", "horovod", "numpy", "bu
 def one_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def image_format(data_dir: str) -> Optional[str]:
+    """'recordio' or 'imagefolder' when `data_dir` looks like one, else None (CIFAR-10)."""
+    if os.path.exists(os.path.join(data_dir, "train.rec")):
+        return "recordio"
+    if os.path.isdir(os.path.join(data_dir, "train")):
+        return "imagefolder"
+    return None
+
+
+def check_image_dir(data_dir: str, kind: str) -> Tuple[str, str, Optional[str]]:
+    """Whether `data_dir` is a readable image folder or pack: (cell text, identity, problem).
+
+    The identity (sample counts and checksums of the file list or ``.idx``) must be the same
+    on every rank; its first record of each split is read."""
+    try:
+        data = load_images(kind, data_dir)
+        for split in (data.train, data.test):
+            split.read(0)
+    except (DatasetError, Exception) as err:  # pylint: disable=broad-except
+        return "FAIL", "-", str(err) if isinstance(err, DatasetError) else one_line(err)
+    identity = data.fingerprint().replace(" ", "").replace(",", "/")
+    return f"{kind}({data.num_train}+{data.num_test})", identity, None
 
 
 def check_data_dir(data_dir: str) -> Tuple[str, Optional[str]]:
@@ -67,8 +94,13 @@ def collect(rank: int, local_rank: int, data_dir: Optional[str] = None,
             problems.append(f"cannot import {name}: {one_line(err)}")
     facts["build"] = _horovod_build(problems)
     facts.update(_device(local_rank, no_cuda, problems))
-    facts["data"] = "-"
-    if data_dir:
+    facts["data"], facts["data_id"] = "-", "-"
+    if data_dir and image_format(data_dir):
+        facts["data"], facts["data_id"], problem = check_image_dir(data_dir,
+                                                                   image_format(data_dir))
+        if problem:
+            problems.append(problem)
+    elif data_dir:
         facts["data"], problem = check_data_dir(data_dir)
         if problem:
             problems.append(problem)

@@ -1,7 +1,8 @@
-"""The datasets hvdtrain trains on, held in memory as numpy arrays.
+"""The datasets hvdtrain trains on: in memory as numpy arrays (digits, CIFAR-10, synthetic),
+or streamed from disk (image folders and RecordIO: :mod:`hvdtrain.data.streamed`).
 
-Images are kept compact (CIFAR as uint8) and turned into normalised float batches by
-:mod:`hvdtrain.data.loader`, one whole batch at a time.
+In-memory images are kept compact (CIFAR as uint8) and turned into normalised float batches
+by :mod:`hvdtrain.data.loader`, one whole batch at a time.
 """
 from __future__ import annotations
 
@@ -43,14 +44,27 @@ class Dataset:
     augment: bool = False
     mean: Optional[Tuple[float, ...]] = None
     std: Optional[Tuple[float, ...]] = None
+    streamed = False
 
     @property
     def image_shape(self) -> Tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
 
+    @property
+    def num_train(self) -> int:
+        return len(self.train_y)
 
-def load_dataset(name: str, data_dir: Optional[str] = None) -> Dataset:
-    """Load dataset `name` ('cifar10', 'digits' or 'synthetic')."""
+    @property
+    def num_test(self) -> int:
+        return len(self.test_y)
+
+
+def load_dataset(name: str, data_dir: Optional[str] = None, image_size: Optional[int] = None):
+    """Load dataset `name` ('cifar10', 'digits' or 'synthetic'), or open the image folder
+    or RecordIO pack in `data_dir` ('imagefolder', 'recordio'; images at `image_size`)."""
+    if name in ("imagefolder", "recordio"):
+        from .streamed import load_images
+        return load_images(name, data_dir, image_size)
     check_dataset(name, data_dir)
     if name == "cifar10":
         return load_cifar10(data_dir)
@@ -63,10 +77,11 @@ def check_dataset(name: str, data_dir: Optional[str] = None) -> None:
     """Refuse, without reading a sample, a dataset that cannot load: an unknown name, or
     CIFAR-10 files that are missing or not whole records (so a run can refuse them before
     it judges its output folder)."""
-    if name not in ("cifar10", "digits", "synthetic"):
-        raise DatasetError(f"unknown dataset {name!r}; expected cifar10, digits or synthetic")
+    if name not in ("cifar10", "digits", "synthetic", "imagefolder", "recordio"):
+        raise DatasetError(f"unknown dataset {name!r}; expected cifar10, digits, synthetic, "
+                           f"imagefolder or recordio")
     if name != "cifar10":
-        return
+        return  # image sets check their layout when opened, still before anything is written
     if not data_dir:
         raise DatasetError("--dataset cifar10 needs --data-dir; " + CIFAR_SOURCE)
     folder = _cifar_dir(data_dir)

@@ -61,6 +61,23 @@ class Loop:
     progress: bool = False
     policy: precision.Precision = precision.Precision()
     watchdog: Optional[Watchdog] = None
+    label_smoothing: float = 0.0
+
+
+def training_loss(smoothing: float):
+    """Softmax cross-entropy against the labels, or (`smoothing` > 0) against targets of
+    ``1 - smoothing + smoothing / classes`` for the true class and ``smoothing / classes``
+    for every other (GluonCV's ``--label-smoothing``)."""
+    if not smoothing:
+        return gluon.loss.SoftmaxCrossEntropyLoss()
+    dense = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+
+    def smoothed(out, label):
+        classes = out.shape[1]
+        target = mx.nd.one_hot(label, classes, on_value=1 - smoothing + smoothing / classes,
+                               off_value=smoothing / classes)
+        return dense(out, target.astype(out.dtype, copy=False))
+    return smoothed
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
@@ -70,7 +87,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     Loss and accuracy accumulate on the device; the host reads them only at log intervals,
     finite checks and the end of the epoch, so steps are not serialised by host syncs.
     """
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    loss_fn = training_loss(loop.label_smoothing)
     dist, device = loop.dist, loop.devices[0]
     correct = mx.nd.zeros(1, ctx=device)
     loss_sum = mx.nd.zeros(1, ctx=device)
@@ -106,7 +123,10 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         loss_sum += batch_loss
         samples += len(labels)
         state.step += 1
-        state.epoch_samples += len(labels) * dist.num_workers
+        # Positions of the epoch's order consumed, not samples trained on: a streamed
+        # loader leaves unreadable samples out of a batch, and a resume must still start
+        # after them. (Only an epoch's last batch is short, and the epoch then ends.)
+        state.epoch_samples += loader.batch_size * dist.num_workers
         ran = batch
         loop.guard.observe(batch_loss, state.step)
         loop.guard.check(state.step)

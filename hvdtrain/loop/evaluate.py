@@ -18,10 +18,17 @@ class EvalResult:
     correct: float
     count: float
     loss_sum: float
+    correct_top5: float = 0.0
 
     @property
     def accuracy(self) -> float:
         return self.correct / self.count if self.count else 0.0
+
+    @property
+    def top5(self) -> float:
+        """Share of samples whose label is among the 5 highest scores (all of them when
+        there are at most 5 classes)."""
+        return self.correct_top5 / self.count if self.count else 0.0
 
     @property
     def loss(self) -> float:
@@ -29,11 +36,23 @@ class EvalResult:
 
 
 def score_batch(net, loss_fn, images, labels, devices, dtype="float32"):
-    """Forward one numpy batch over `devices`; returns (correct, loss sum) NDArrays on the
-    first device, still lazy, so the caller decides when to wait for them."""
+    """Forward one numpy batch over `devices`; returns (correct, loss sum, top-5 correct)
+    NDArrays on the first device, still lazy, so the caller decides when to wait for them."""
     xs, ys, _ = split_batch(images, labels, devices, dtype)
     outs = [net(x) for x in xs]
-    return tally_batch(outs, ys, [loss_fn(o, y) for o, y in zip(outs, ys)], devices[0])
+    correct, loss_sum = tally_batch(outs, ys, [loss_fn(o, y) for o, y in zip(outs, ys)],
+                                    devices[0])
+    return correct, loss_sum, top5_correct(outs, ys, devices[0])
+
+
+def top5_correct(outs, ys, device):
+    """How many labels are among their output's 5 highest scores."""
+    hits = []
+    for out, label in zip(outs, ys):
+        top = mx.nd.topk(out, k=min(5, out.shape[1]), axis=1)
+        hits.append((top == label.reshape((-1, 1)).astype(top.dtype)).sum()
+                    .astype("float32").as_in_context(device))
+    return mx.nd.add_n(*hits)
 
 
 def tally_batch(outs, ys, losses, device):
@@ -51,14 +70,14 @@ def evaluate(net, loader, devices, dist: DistContext, dtype: str = "float32",
 
     `on_batch` is called with the batch number after each batch (the stall watchdog)."""
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    totals = mx.nd.zeros(3, ctx=devices[0])
+    totals = mx.nd.zeros(4, ctx=devices[0])
     for batch, (images, labels) in enumerate(loader, 1):
-        correct, loss_sum = score_batch(net, loss_fn, images, labels, devices, dtype)
+        correct, loss_sum, top5 = score_batch(net, loss_fn, images, labels, devices, dtype)
         totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
-                               loss_sum, dim=0)
+                               loss_sum, top5, dim=0)
         if on_batch is not None:
             on_batch(batch)
     if dist.synchronous:
         totals = dist.sum_across_workers("eval_totals", totals.as_in_context(mx.cpu()))
-    correct, count, loss_sum = (float(v) for v in totals.asnumpy())
-    return EvalResult(correct, count, loss_sum)
+    correct, count, loss_sum, top5 = (float(v) for v in totals.asnumpy())
+    return EvalResult(correct, count, loss_sum, top5)

@@ -29,6 +29,8 @@ from ..store.gluon_internals import set_up_store
 from .guard import FiniteGuard
 from .together import write_together
 from ..data.loader import BatchLoader
+from ..data.streamed import ImageLoader
+from ..data.transforms import Augment
 from ..report.log import MetricsWriter
 from .replicas import average_running_stats
 from ..report.progress import TensorBoardWriter, summary_lines
@@ -93,19 +95,38 @@ def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
     mx.nd.waitall()
 
 
-def build_loaders(data: Dataset, cfg: TrainConfig, dist: DistContext, num_devices: int = 1):
+def build_loaders(data, cfg: TrainConfig, dist: DistContext, num_devices: int = 1):
     """Train loader over this rank's padded, shuffled part; test loader over its unpadded
     shard (each test sample on exactly one rank). Asynchronous workers cannot sum a sharded
-    evaluation, so each scores the whole test set with the weights it holds."""
-    train_sampler = SplitSampler(len(data.train_y), dist.num_workers, dist.rank, shuffle=True,
+    evaluation, so each scores the whole test set with the weights it holds.
+
+    `data` is an in-memory :class:`Dataset` or a streamed
+    :class:`~hvdtrain.data.streamed.ImageDataset` (decoded by :class:`ImageLoader`)."""
+    train_sampler = SplitSampler(data.num_train, dist.num_workers, dist.rank, shuffle=True,
                                  seed=cfg.seed, mode=cfg.sampling)
     test_parts, test_part = (dist.num_workers, dist.rank) if dist.synchronous else (1, 0)
-    test_sampler = SplitSampler(len(data.test_y), test_parts, test_part, pad=False)
+    test_sampler = SplitSampler(data.num_test, test_parts, test_part, pad=False)
     worker_batch = cfg.batch_size * num_devices
+    if data.streamed:
+        common = dict(image_size=data.image_size, data_workers=cfg.data_workers,
+                      seed=cfg.seed, dtype=cfg.dtype)
+        augment = Augment(cfg.min_crop_area, cfg.colour_jitter, cfg.pca_noise)
+        return (ImageLoader(data.train, train_sampler, worker_batch, train=True,
+                            augment=augment, **common),
+                ImageLoader(data.test, test_sampler, worker_batch, train=False, **common))
     common = dict(mean=data.mean, std=data.std, data_workers=cfg.data_workers, seed=cfg.seed)
     return (BatchLoader(data.train_x, data.train_y, train_sampler, worker_batch,
                         augment=data.augment, **common),
             BatchLoader(data.test_x, data.test_y, test_sampler, worker_batch, **common))
+
+
+def count_skipped(loaders, dist: DistContext) -> int:
+    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks."""
+    mine = sum(len(getattr(loader, "skipped", ())) for loader in loaders)
+    if not dist.synchronous:
+        return mine
+    total = dist.sum_across_workers("skipped_samples", mx.nd.array([mine]))
+    return int(total.asnumpy()[0])
 
 
 @dataclass
@@ -144,7 +165,7 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
                 stats.samples_per_sec, stats.steps, stats.seconds)
     record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
                   steps=stats.steps, train_loss=stats.loss, train_acc=stats.accuracy,
-                  test_acc=result.accuracy, test_loss=result.loss,
+                  test_acc=result.accuracy, test_top5=result.top5, test_loss=result.loss,
                   samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
                   lr=trainer.learning_rate)
 
@@ -200,12 +221,12 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     def lr_for_step(step):
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
-                     cfg.lr_decay_factor)
+                     cfg.lr_decay_factor, cfg.lr_schedule, cfg.epochs * steps_per_epoch)
 
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
-                policy or precision.Precision.of(cfg), watchdog)
+                policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing)
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
                 "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -230,23 +251,32 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
         average_running_stats(net, dist)
+        test_loader.sampler.set_epoch(epoch)  # the same order; names the epoch it scores
         result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
         if not stats.complete:
             stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
-                                            len(data.train_y), dist, watchdog)
+                                            data.num_train, dist, watchdog)
             break
+        skipped = count_skipped((train_loader, test_loader), dist) if data.streamed else 0
         state.epoch += 1
         state.epoch_samples = 0
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
-                    "%.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
-                    result.accuracy, stats.samples_per_sec, stats.seconds)
+                    "top-5 %.4f  %.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss,
+                    stats.accuracy, result.accuracy, result.top5, stats.samples_per_sec,
+                    stats.seconds)
         record = dict(epoch=epoch, step=state.step, train_loss=stats.loss,
                       train_acc=stats.accuracy, test_acc=result.accuracy,
-                      test_loss=result.loss, samples_per_sec=stats.samples_per_sec,
-                      epoch_time=stats.seconds, lr=trainer.learning_rate,
+                      test_top5=result.top5, test_loss=result.loss,
+                      samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds, lr=trainer.learning_rate,
                       num_workers=dist.num_workers, batch_size=cfg.batch_size)
+        if data.streamed:
+            record["skipped_samples"] = skipped
+            if skipped:
+                logger.warning("epoch %d: %d sample(s) could not be read or decoded and were "
+                               "left out (named in the warnings above, by the rank that met "
+                               "them)", epoch + 1, skipped)
         epochs.append(record)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
         write_together(dist, lambda: _epoch_outputs(
@@ -258,7 +288,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     test_acc = result.accuracy if result else None
 
     def write_end():
-        metrics.write("end", test_acc=test_acc, total_time=total_time, step=state.step)
+        metrics.write("end", test_acc=test_acc, test_top5=result.top5 if result else None,
+                      total_time=total_time, step=state.step)
         if outputs.tensorboard is not None:
             outputs.tensorboard.close()
 

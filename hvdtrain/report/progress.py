@@ -67,12 +67,14 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
         rows.append(("stopped", f"inside epoch {stopped['epoch'] + 1} after "
                                 f"{stopped['steps']} steps of it ({stopped['epoch_time']:.1f} s, "
                                 f"{stopped['samples_per_sec']:.1f} samples/s)"))
+    top5 = f"; top-5 final {last['test_top5']:.4f}" if "test_top5" in last else ""
     if epochs:
         best = max(epochs, key=lambda e: e["test_acc"])
         rows.append(("test accuracy", f"final {last['test_acc']:.4f}, best "
-                                      f"{best['test_acc']:.4f} (epoch {best['epoch'] + 1})"))
+                                      f"{best['test_acc']:.4f} (epoch {best['epoch'] + 1})"
+                                      f"{top5}"))
     else:
-        rows.append(("test accuracy", f"final {last['test_acc']:.4f}"))
+        rows.append(("test accuracy", f"final {last['test_acc']:.4f}{top5}"))
     # Weighted by time: a short partial epoch counts for what it ran, not as much as a whole one.
     timed = epochs + ([stopped] if stopped else [])
     seconds = sum(e["epoch_time"] for e in timed)

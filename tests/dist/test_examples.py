@@ -78,3 +78,15 @@ def test_sweep_mpi_trains_two_independent_runs_on_sub_communicators(tmp_path):
     a, b = finals["0.05"], finals["0.2"]
     assert sorted(a) == sorted(b)
     assert any(not np.array_equal(a[k].asnumpy(), b[k].asnumpy()) for k in a)
+
+
+@pytest.mark.parametrize("which", ["folder", "pack"])
+def test_custom_model_trains_on_a_folder_and_a_pack(digit_images, which):
+    folder, pack = digit_images
+    proc = run_command(launcher("horovodrun-gloo") + [
+        sys.executable, os.path.join(EXAMPLES, "custom_model.py"), "--data-dir",
+        folder if which == "folder" else pack, "--epochs", "1", "--max-steps", "3"],
+        timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    kind = "imagefolder" if which == "folder" else "recordio"
+    assert f"on 120 images of 10 classes ({kind})" in proc.stdout, proc.stdout[-2000:]

@@ -29,6 +29,8 @@ from readme_commands import covered_commands, documents, python_blocks
 pytestmark = pytest.mark.dist
 COMMANDS = covered_commands()
 CIFAR_PATHS = ("~/data/cifar-10-batches-bin", "/data/cifar-10-batches-bin")
+# ImageNet as a folder and as a pack: stood in for by generated digit images (20 a class).
+IMAGENET_PATHS = {"~/data/imagenet-rec": "imagenet-rec", "~/data/imagenet": "imagenet"}
 FAR_HOSTS = ("d1", "d2")
 
 
@@ -123,8 +125,23 @@ def localize(argv, workspace):
     for word in argv:
         for path in CIFAR_PATHS:
             word = word.replace(path, str(workspace / "cifar"))
+        for path, stand_in in IMAGENET_PATHS.items():
+            if word == path:
+                word = str(workspace / stand_in)
+                ensure_images(workspace)
         out.append(str(workspace / word) if word.startswith("runs/") else word)
+    if any(w in ("imagefolder", "recordio") for w in argv) and "--image-size" not in argv:
+        out += ["--image-size", "32", "--max-steps", "2"]  # a model-zoo net at 224: minutes
     return out
+
+
+def ensure_images(workspace):
+    """The ImageNet stand-ins: a generated image folder and its pack (made once)."""
+    from helpers import image_sets
+    folder, pack = image_sets(str(workspace / "images-source"), per_class=20)
+    for stand_in, source in (("imagenet", folder), ("imagenet-rec", pack)):
+        if not os.path.exists(workspace / stand_in):
+            os.symlink(source, workspace / stand_in)
 
 
 def to_loopback_hosts(argv, hosts):
@@ -300,6 +317,9 @@ def test_documented_command(command, workspace, request):
         return  # `make install` runs it for real before the suite
     elif first == "hvdtrain-plot":
         ensure_metrics(localize(argv, workspace))
+    elif first == "hvdtrain-pack" and not os.path.exists(localize(argv, workspace)[1]):
+        from hvdtrain.data.sample_images import write_digit_images  # the line before it
+        write_digit_images(localize(argv, workspace)[1], per_class=20)
     run_line(argv, workspace, hosts_factory)
 
 

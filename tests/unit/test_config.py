@@ -1,3 +1,4 @@
+import re
 import pytest
 
 from hvdtrain.cli import parse_config
@@ -161,5 +162,17 @@ def test_no_cuda_with_gpus_is_refused(gpus):
 
 def test_data_dir_without_cifar10_is_refused():
     """A folder the run would silently ignore is most likely a mistyped --dataset."""
-    with pytest.raises(ConfigError, match="--data-dir is read by --dataset cifar10 only"):
+    with pytest.raises(ConfigError, match="--data-dir is read by --dataset cifar10, "
+                                          "imagefolder and recordio only"):
         parse_config(["--dataset", "digits", "--data-dir", "/data/cifar"])
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--dataset", "recordio"], "--dataset recordio needs --data-dir"),
+    (["--dataset", "digits", "--image-size", "64"], "--image-size is for --dataset imagefolder"),
+    (["--lr-schedule", "cosine", "--lr-decay-epochs", "3"], "--lr-decay-epochs are the steps"),
+    (["--label-smoothing", "1"], "--label-smoothing must be in [0, 1)"),
+])
+def test_image_and_schedule_options_are_checked(flags, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        parse_config(["--dataset", "digits"] + flags if "--dataset" not in flags else flags)

@@ -19,3 +19,18 @@ def test_linear_warmup_then_step_decay():
 def test_linear_scaling_multiplies_by_workers():
     assert effective_base_lr(0.1, "linear", 8) == pytest.approx(0.8)
     assert effective_base_lr(0.1, "none", 8) == 0.1
+
+
+def test_cosine_and_poly_follow_gluoncv_after_the_warmup():
+    """Written out from GluonCV's LRScheduler formulas: cosine (1 + cos(pi t)) / 2 and poly
+    (1 - t) ** 2, t the share of the post-warm-up steps done."""
+    import math
+    total, warm = 50, 10  # 10 steps an epoch, 1 warm-up epoch
+    for schedule, shape in (("cosine", lambda t: (1 + math.cos(math.pi * t)) / 2),
+                            ("poly", lambda t: (1 - t) ** 2)):
+        lrs = [lr_at(s, 10, 2.0, warmup_epochs=1, schedule=schedule, total_steps=total)
+               for s in range(total + 1)]
+        assert lrs[9] == pytest.approx(2.0)
+        for step in range(warm, total + 1):
+            assert lrs[step] == pytest.approx(2.0 * shape((step - warm) / (total - warm)))
+        assert lrs[total] == pytest.approx(0.0)

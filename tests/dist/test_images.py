@@ -1,0 +1,141 @@
+"""Training on an image folder and on its RecordIO pack under horovodrun: accuracy, sample
+coverage by id across 2 and 3 ranks, exact mid-epoch resume, bad samples."""
+import collections
+import glob
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import bad_copy, image_sets, run_command
+from jobs import HERE, assert_same_params, launcher
+
+pytestmark = pytest.mark.dist
+
+# Small images and light augmentation (flips, crops of at least half the image, no colour
+# changes): enough for pool_cnn to learn the digits in a few epochs on a busy 2-core machine.
+IMAGE_FLAGS = ["--no-cuda", "--log-interval", "0", "--image-size", "32", "--model",
+               "pool_cnn", "--batch-size", "8", "--lr", "0.1", "--min-crop-area", "1",
+               "--colour-jitter", "0", "--pca-noise", "0"]
+STEPS_PER_EPOCH = 30  # 480 training images, 2 ranks x batch 8
+TIMEOUT = 900
+
+
+def run_images(out_dir, flags, ranks=2):
+    """image_worker.py under horovodrun; returns (per-rank results, params, sample ids,
+    output)."""
+    os.makedirs(out_dir, exist_ok=True)
+    cmd = launcher("horovodrun", ranks) + [sys.executable, os.path.join(HERE, "image_worker.py"),
+                                           str(out_dir)] + IMAGE_FLAGS + list(flags)
+    proc = run_command(cmd, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    results = [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(ranks)]
+    params = [dict(np.load(os.path.join(out_dir, f"rank{r}.npz"))) for r in range(ranks)]
+    ids = [json.load(open(os.path.join(out_dir, f"ids-rank{r}.json"))) for r in range(ranks)]
+    return results, params, ids, proc.stdout
+
+
+def per_epoch(ids, train):
+    """{epoch: the sample indices one rank read from a split, in order}."""
+    out = collections.defaultdict(list)
+    for is_train, epoch, index in ids:
+        if is_train == train:
+            out[epoch].append(index)
+    return dict(out)
+
+
+def assert_each_sample_once(ids, num_train, num_val, epochs):
+    """Across ranks, per epoch: every training sample read, only the padding twice;
+    every validation sample read exactly once."""
+    ranks = len(ids)
+    for epoch in range(epochs):
+        train = collections.Counter(i for rank in ids for i in per_epoch(rank, 1)[epoch])
+        assert set(train) == set(range(num_train))
+        assert sum(train.values()) == -(-num_train // ranks) * ranks  # padded to equal parts
+        val = collections.Counter(i for rank in ids for i in per_epoch(rank, 0)[epoch])
+        assert val == collections.Counter(range(num_val))
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as src:
+        return [json.loads(line) for line in src]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """2 ranks on the folder of all 1797 digits (1438 to train on) and on its pack, one data
+    worker (so ids are in order)."""
+    folder, pack = image_sets(str(tmp_path_factory.mktemp("digits")))
+    out = {}
+    for kind, root in (("imagefolder", folder), ("recordio", pack)):
+        out_dir = str(tmp_path_factory.mktemp(kind))
+        out[kind] = run_images(out_dir, ["--dataset", kind, "--data-dir", root, "--epochs",
+                                         "14", "--data-workers", "1", "--batch-size", "16",
+                                         "--lr", "0.2", "--lr-schedule", "cosine",
+                                         "--warmup-epochs", "1", "--min-crop-area", "0.5",
+                                         "--output-dir",
+                                         os.path.join(out_dir, "run")])
+    return out
+
+
+def test_two_ranks_learn_the_folder_and_the_pack_in_the_same_order(trained):
+    for kind in ("imagefolder", "recordio"):
+        results, params, _, _ = trained[kind]
+        assert results[0]["test_acc"] >= 0.90, (kind, results[0])
+        assert results[0]["test_acc"] == results[1]["test_acc"]
+        assert_same_params(params[0], params[1])
+    for rank in range(2):
+        folder_ids, pack_ids = (per_epoch(trained[k][2][rank], 1)
+                                for k in ("imagefolder", "recordio"))
+        assert folder_ids == pack_ids and len(folder_ids) == 14
+        assert folder_ids[0] != folder_ids[1]  # shuffled anew each epoch
+
+
+def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, digit_images, tmp_path):
+    _, _, ids, _ = trained["recordio"]
+    assert_each_sample_once(ids, 1438, 359, epochs=14)
+    _, pack = digit_images
+    _, _, ids3, _ = run_images(str(tmp_path), ["--dataset", "recordio", "--data-dir", pack,
+                                               "--epochs", "2", "--data-workers", "2"], ranks=3)
+    assert_each_sample_once(ids3, 480, 120, epochs=2)
+
+
+def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images, tmp_path):
+    """Uninterrupted with 1 data worker; stopped inside epoch 2 and resumed with 3."""
+    _, pack = digit_images
+    common = ["--dataset", "recordio", "--data-dir", pack, "--epochs", "2"]
+    whole_dir = str(tmp_path / "whole")
+    _, whole, _, _ = run_images(whole_dir, common + ["--data-workers", "1", "--output-dir",
+                                                     os.path.join(whole_dir, "run")])
+    part_dir = str(tmp_path / "part")
+    run_out = os.path.join(part_dir, "run")
+    run_images(part_dir, common + ["--data-workers", "3", "--output-dir", run_out,
+                                   "--max-steps", "40"])  # inside epoch 2
+    _, resumed, _, _ = run_images(part_dir, common + ["--data-workers", "3", "--output-dir",
+                                                      run_out, "--resume", "auto"])
+    # Both runs compute the same float32 steps in the same order: equal up to the summation
+    # order of threaded BLAS kernels.
+    assert_same_params(whole[0], resumed[0], atol=1e-5)
+    ends = [m for m in metrics(os.path.join(whole_dir, "run")) if m["event"] == "epoch"]
+    again = [m for m in metrics(run_out) if m["event"] == "epoch"]
+    assert [round(m["test_acc"], 6) for m in ends] == [round(m["test_acc"], 6) for m in again]
+    # What each output index means travels with the model.
+    metas = glob.glob(os.path.join(run_out, "checkpoints", "*", "meta.json"))
+    assert metas and all(json.load(open(m))["classes"] == [f"digit{d}" for d in range(10)]
+                         for m in metas)
+
+
+def test_bad_samples_are_skipped_named_and_counted(digit_images, tmp_path):
+    bad_folder, bad_pack, path, key = bad_copy(*digit_images, tmp_path)
+    for kind, root, needle in (("imagefolder", bad_folder, path),
+                               ("recordio", bad_pack, f"train.rec record {key}")):
+        out_dir = str(tmp_path / kind)
+        results, _, _, stdout = run_images(out_dir, ["--dataset", kind, "--data-dir", root,
+                                                     "--epochs", "2", "--output-dir",
+                                                     os.path.join(out_dir, "run")])
+        assert needle in stdout and "1 sample(s) could not be read" in stdout
+        epochs = [m for m in metrics(os.path.join(out_dir, "run")) if m["event"] == "epoch"]
+        assert [m["skipped_samples"] for m in epochs] == [1, 1]
+        assert results[0]["steps"] == results[1]["steps"] == 2 * STEPS_PER_EPOCH

@@ -1,0 +1,211 @@
+"""Image folders and RecordIO packs: layout, reading against MXNet's own readers and a plain
+Pillow decode, augmentation determinism, bad samples."""
+import logging
+import os
+import shutil
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from helpers import bad_copy, run_command, tool
+from hvdtrain.data import images
+from hvdtrain.data.sampler import SplitSampler
+from hvdtrain.data.streamed import ImageLoader, load_images
+from hvdtrain.data.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+
+def test_pack_holds_the_folder_as_mxnet_reads_it(digit_images):
+    """Every record, read by MXNet's own MXIndexedRecordIO, is the folder's file of the same
+    position, byte for byte, with its class index as label."""
+    folder, pack = digit_images
+    data = load_images("recordio", pack)
+    files = load_images("imagefolder", folder)
+    assert data.classes == files.classes == [f"digit{d}" for d in range(10)]
+    for split, mine, theirs in (("train", data.train, files.train),
+                                ("val", data.test, files.test)):
+        reader = mx.recordio.MXIndexedRecordIO(os.path.join(pack, f"{split}.idx"),
+                                               os.path.join(pack, f"{split}.rec"), "r")
+        assert sorted(reader.keys) == list(range(len(theirs))) and len(mine) == len(theirs)
+        for index in range(len(theirs)):
+            header, payload = mx.recordio.unpack(reader.read_idx(index))
+            with open(theirs.describe(index), "rb") as src:
+                assert payload == src.read()
+            assert int(header.label) == theirs.labels[index] == mine.read(index)[1]
+            assert mine.read(index)[0] == payload
+        reader.close()
+
+
+def test_mxnet_image_record_iter_shards_the_pack_into_the_same_sample_set(digit_images):
+    """MXNet's C++ reader, split with num_parts/part_index as Horovod's example does, sees
+    the labels our splits hold (the pack is a valid RecordIO for the reference reader)."""
+    _, pack = digit_images
+    data = load_images("recordio", pack)
+    ours = sorted(data.test.read(i)[1] for i in range(len(data.test)))
+    seen = []
+    for part in range(2):
+        it = mx.io.ImageRecordIter(path_imgrec=os.path.join(pack, "val.rec"),
+                                   path_imgidx=os.path.join(pack, "val.idx"),
+                                   data_shape=(3, 32, 32), batch_size=1, resize=32,
+                                   num_parts=2, part_index=part, round_batch=False,
+                                   preprocess_threads=1)
+        for batch in it:
+            seen.extend(batch.label[0].asnumpy().astype(int).tolist())
+    assert sorted(seen) == ours
+
+
+def _plain_eval(path, size):
+    """The evaluation transform written plainly with Pillow: full decode, shorter side to
+    size*256/224, centre crop, normalise."""
+    from PIL import Image
+    image = Image.open(path).convert("RGB")
+    scale = size * 256 / 224 / min(image.size)
+    image = image.resize((round(image.size[0] * scale), round(image.size[1] * scale)),
+                         Image.BILINEAR)
+    left, top = (image.size[0] - size) // 2, (image.size[1] - size) // 2
+    pixels = np.asarray(image.crop((left, top, left + size, top + size)), np.float32)
+    return ((pixels / 255 - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+
+
+def test_evaluation_batches_match_a_plain_pillow_decode(digit_images):
+    folder, _ = digit_images
+    data = load_images("imagefolder", folder, image_size=32)
+    loader = ImageLoader(data.test, SplitSampler(len(data.test)), 40, train=False,
+                         image_size=32, data_workers=2)
+    batch, labels = next(iter(loader))
+    for index in range(len(labels)):
+        reference = _plain_eval(data.test.describe(index), 32)
+        # Pixel grids differ by up to half a pixel (rounded resize against a crop box) and
+        # JPEGs may be decoded at a reduced scale: close in the mean, not identical.
+        assert np.abs(batch[index] - reference).mean() < 0.25, data.test.describe(index)
+        assert np.corrcoef(batch[index].ravel(), reference.ravel())[0, 1] > 0.9
+        assert labels[index] == data.test.labels[index]
+
+
+def test_augmentation_depends_on_seed_epoch_and_sample_not_on_workers(digit_images):
+    _, pack = digit_images
+    data = load_images("recordio", pack, image_size=24)
+
+    def epoch_batches(workers, epoch, seed=1):
+        sampler = SplitSampler(len(data.train), 2, 1, shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        loader = ImageLoader(data.train, sampler, 16, train=True, image_size=24,
+                             data_workers=workers, seed=seed)
+        return [b for b, _ in list(loader)[:3]]
+
+    inline, threaded = epoch_batches(0, 2), epoch_batches(3, 2)
+    for a, b in zip(inline, threaded):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(inline[0], epoch_batches(0, 3)[0])
+    assert not np.allclose(inline[0], epoch_batches(0, 2, seed=2)[0])
+
+
+def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images, tmp_path,
+                                                                   caplog):
+    bad_folder, bad_pack, path, key = bad_copy(*digit_images, tmp_path)
+    caplog.set_level(logging.WARNING, logger="hvdtrain")
+    for kind, root, needle in (("imagefolder", bad_folder, path),
+                               ("recordio", bad_pack, f"train.rec record {key}")):
+        data = load_images(kind, root, image_size=24)
+        loader = ImageLoader(data.train, SplitSampler(len(data.train)), 64, train=True,
+                             image_size=24, data_workers=2)
+        sizes = [len(labels) for _, labels in loader]
+        assert len(sizes) == len(loader) and sum(sizes) == len(data.train) - 1
+        assert len(loader.skipped) == 1 and needle in loader.skipped[0]
+        assert any(needle in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind,breakage,needle", [
+    ("recordio", "no idx", "has no index"),
+    ("recordio", "no pack", "--dataset recordio needs"),
+    ("imagefolder", "empty class", "holds no .jpg/.jpeg/.png image"),
+    ("imagefolder", "classes differ", "only in train: digit9; only in val: none"),
+    ("imagefolder", "no val", "is not a folder"),
+    ("imagefolder", "missing dir", "is not a folder (or cannot be read)"),
+])
+def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, breakage,
+                                               needle):
+    folder, pack = digit_images
+    root = str(tmp_path / "data")
+    shutil.copytree(pack if kind == "recordio" else folder, root)
+    if breakage == "no idx":
+        os.remove(os.path.join(root, "val.idx"))
+    elif breakage == "no pack":
+        os.remove(os.path.join(root, "train.rec"))
+    elif breakage == "empty class":
+        for name in os.listdir(os.path.join(root, "val", "digit4")):
+            os.remove(os.path.join(root, "val", "digit4", name))
+    elif breakage == "classes differ":
+        shutil.rmtree(os.path.join(root, "val", "digit9"))
+    elif breakage == "no val":
+        shutil.rmtree(os.path.join(root, "val"))
+    elif breakage == "missing dir":
+        root = str(tmp_path / "nowhere")
+    proc = run_command([tool("hvdtrain"), "--dataset", kind, "--data-dir", root, "--no-cuda",
+                        "--kvstore", "none", "--epochs", "1"], timeout=120)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0], lines[0]
+
+
+def test_label_smoothing_and_top5_against_numpy():
+    from hvdtrain.loop.epoch import training_loss
+    from hvdtrain.loop.evaluate import top5_correct
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(size=(6, 7)).astype(np.float32), np.arange(6) % 7
+    loss = training_loss(0.1)(mx.nd.array(logits), mx.nd.array(labels)).asnumpy()
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    target = np.full((6, 7), 0.1 / 7)
+    target[np.arange(6), labels] += 0.9
+    np.testing.assert_allclose(loss, -(target * log_p).sum(1), rtol=1e-5)
+    ranks = (-logits).argsort(1)[:, :5]
+    expected = sum(labels[i] in ranks[i] for i in range(6))
+    got = top5_correct([mx.nd.array(logits)], [mx.nd.array(labels)], mx.cpu()).asscalar()
+    assert got == expected
+
+
+def test_check_names_a_rank_whose_pack_differs(digit_images, tmp_path):
+    from hvdtrain.check import rankfacts
+    _, pack = digit_images
+    other = str(tmp_path / "pack")
+    shutil.copytree(pack, other)
+    with open(os.path.join(other, "val.idx")) as src:
+        lines = src.readlines()
+    with open(os.path.join(other, "val.idx"), "w") as out:
+        out.writelines(lines[:-1])  # one validation image fewer on "rank 1"
+    facts = [rankfacts.collect(0, 0, pack, no_cuda=True), rankfacts.collect(1, 1, pack, True),
+             rankfacts.collect(2, 0, other, no_cuda=True)]
+    assert facts[0]["data"] == "recordio(480+120)" and facts[2]["data"] == "recordio(480+119)"
+    report, failed = rankfacts.format_report(facts)
+    assert failed == [2] and "data_id" in report.splitlines()[-2]
+
+
+def test_training_colour_transform_equals_the_steps_written_out(digit_images):
+    """The one-pass colour map against brightness, contrast, saturation and lighting
+    applied one after another, as MXNet's ColorJitterAug and LightingAug do."""
+    from hvdtrain.data import transforms as T
+    folder, _ = digit_images
+    data = load_images("imagefolder", folder)
+    for index in range(5):
+        encoded, _ = data.train.read(index)
+        got = T.train_transform(encoded, 48, np.random.default_rng([3, 1, index]), "x")
+        rng = np.random.default_rng([3, 1, index])
+        image = T.open_image(encoded, "x")
+        box = T.random_box(image.size[0], image.size[1], rng)
+        flip = rng.random() < 0.5
+        pixels = T._crop_resize(image, box, 48, "x").astype(np.float64)
+        if flip:
+            pixels = pixels[:, ::-1]
+        for which in rng.permutation(3):
+            alpha = 1.0 + rng.uniform(-0.4, 0.4)
+            gray = pixels @ T.GRAY.astype(np.float64)
+            if which == 0:
+                pixels = pixels * alpha
+            elif which == 1:
+                pixels = pixels * alpha + gray.mean() * (1 - alpha)
+            else:
+                pixels = pixels * alpha + gray[..., None] * (1 - alpha)
+        pixels = pixels + T.EIGVEC @ (rng.normal(0, 0.1, size=3) * T.EIGVAL)
+        expected = ((np.clip(pixels, 0, 255) / 255 - IMAGENET_MEAN) / IMAGENET_STD)
+        # float32 against float64 arithmetic on values up to ~2.6: a few ulp of float32.
+        np.testing.assert_allclose(got, expected.transpose(2, 0, 1), atol=1e-4)
