@@ -15,8 +15,8 @@ from .models import build_model, model_names
 from .data.sampler import SplitSampler
 from .data.streamed import ImageDataset, ImageLoader, load_images
 from .state.train_state import TrainState
-from .loop.fit import (Outputs, broadcast_parameters, build_loaders, build_trainer, fit,
-                    initialize)
+from .loop.build import broadcast_parameters, build_loaders, build_trainer, initialize
+from .loop.fit import Outputs, fit
 
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ import sys
 from typing import List, Optional
 
 from . import config as cfgmod
+from . import options as optmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
 from .loop.guard import NonFiniteLoss
@@ -76,7 +77,7 @@ def _add_option(group, spec) -> None:
     meta = spec.metadata
     help_text = meta["help"].replace("%", "%%")
     kind = meta["kind"]
-    flag = cfgmod.flags_of(spec)[0]
+    flag = optmod.flags_of(spec)[0]
     if kind == "switch":
         group.add_argument(flag, dest=spec.name, action="store_true", help=help_text)
         return
@@ -87,13 +88,13 @@ def _add_option(group, spec) -> None:
         group.add_argument(flag, dest=spec.name, action=_OnOffFlag, default=None,
                            help=help_text)
         return
-    default = cfgmod.default_of(spec)
-    shown = cfgmod.shown_default(spec)
-    if cfgmod.describe_range(spec):
-        help_text += f" ({cfgmod.describe_range(spec)})"
+    default = optmod.default_of(spec)
+    shown = optmod.shown_default(spec)
+    if optmod.describe_range(spec):
+        help_text += f" ({optmod.describe_range(spec)})"
     if shown:
         help_text += f" (default: {shown})"
-    parse = cfgmod.parse_of(spec)
+    parse = optmod.parse_of(spec)
     kwargs = {"dest": spec.name, "default": default, "help": help_text,
               "metavar": meta["metavar"]}
     if parse is not None:  # int and float keep argparse's own "invalid int value" line
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run one process per device under horovodrun or mpirun; without a launcher it "
         "trains as a single worker."),
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    groups = {name: p.add_argument_group(name) for name in cfgmod.GROUPS}
+    groups = {name: p.add_argument_group(name) for name in optmod.GROUPS}
     for spec in cfgmod.options():
         _add_option(groups[spec.metadata["group"]], spec)
     return p

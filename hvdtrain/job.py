@@ -30,7 +30,8 @@ from .report.log import MetricsWriter, setup_logging
 from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
-from .loop.fit import Outputs, broadcast_parameters, build_trainer, fit, initialize
+from .loop.build import broadcast_parameters, build_trainer, initialize
+from .loop.fit import Outputs, fit
 from .loop.together import write_together
 from .runtime.pulse import JobPulse
 from .runtime.watchdog import Watchdog, horovod_stall_env

@@ -15,6 +15,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 # Lowest first. A module may import its own sub-package and anything on a lower level, never
 # a sibling on its own level or anything above it (docs/development.md draws this picture).
 LEVELS = [
+    {"options"},
     {"config"},
     {"launch", "state"},
     {"report"},
@@ -27,7 +28,7 @@ LEVEL = {part: index for index, parts in enumerate(LEVELS) for part in parts}
 
 # The launcher runs on hosts that may lack MXNet (and remote.py runs by path): standard
 # library only, and nothing of hvdtrain but the standard-library-only config module.
-LAUNCH_MAY_IMPORT = {"hvdtrain.config"}
+LAUNCH_MAY_IMPORT = {"hvdtrain.config", "hvdtrain.options"}
 
 
 def _modules():
@@ -97,12 +98,14 @@ def test_the_launcher_uses_the_standard_library_only(path, dotted):
     assert not wrong, f"{dotted} imports {wrong}: hvdtrain-launch must not need them"
 
 
-def test_config_is_standard_library_only():
-    """The launcher imports config, so config must not bring in MXNet either."""
-    path = os.path.join(PKG, "config.py")
+@pytest.mark.parametrize("name", ["config", "options"])
+def test_config_is_standard_library_only(name):
+    """The launcher imports config (and config options), so neither may bring in MXNet."""
+    path = os.path.join(PKG, f"{name}.py")
     stdlib = set(sys.stdlib_module_names)
-    wrong = [t for t in _imports(path, "hvdtrain.config")
-             if t.split(".")[0] not in stdlib and t != "__future__"]
+    wrong = [t for t in _imports(path, f"hvdtrain.{name}")
+             if t.split(".")[0] not in stdlib and t != "__future__" and
+             t not in ("hvdtrain.options",)]
     assert not wrong
 
 
