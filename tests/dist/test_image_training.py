@@ -117,7 +117,7 @@ def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images,
                                                       run_out, "--resume", "auto"])
     # Both runs compute the same float32 steps in the same order: equal up to the summation
     # order of threaded BLAS kernels.
-    assert_same_params(whole[0], resumed[0], atol=1e-5)
+    assert_same_params(whole[0], resumed[0], tol=1e-5)
     ends = [m for m in metrics(os.path.join(whole_dir, "run")) if m["event"] == "epoch"]
     again = [m for m in metrics(run_out) if m["event"] == "epoch"]
     assert [round(m["test_acc"], 6) for m in ends] == [round(m["test_acc"], 6) for m in again]
