@@ -136,23 +136,25 @@ class ImageLoader:
     def __len__(self) -> int:
         return -(-len(self.sampler) // self.batch_size)
 
-    def sample(self, index: int, epoch: int) -> np.ndarray:
-        """Sample `index` decoded and transformed as in `epoch` (raises images.BadSample)."""
+    def sample(self, index: int, epoch: int, out: Optional[np.ndarray] = None):
+        """Sample `index` decoded and transformed as in `epoch`, and its label; the image
+        is written into `out` when given (raises images.BadSample)."""
         encoded, label = self.split.read(index)
         what = self.split.describe(index)
         if self.train:
             rng = np.random.default_rng([self.seed, epoch, index])
             return (train_transform(encoded, self.image_size, rng, what, self.dtype,
-                                    self.augment), label)
-        return eval_transform(encoded, self.image_size, what, self.dtype), label
+                                    self.augment, out=out), label)
+        return eval_transform(encoded, self.image_size, what, self.dtype, out=out), label
 
     def _make_batch(self, index: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+        # Each image is written straight into its slot of the preallocated batch.
         out = np.empty((len(index),) + (3, self.image_size, self.image_size), self.dtype)
         labels = np.empty(len(index), np.int32)
         kept = 0
         for position in index:
             try:
-                out[kept], labels[kept] = self.sample(int(position), epoch)
+                _, labels[kept] = self.sample(int(position), epoch, out=out[kept])
             except images.BadSample as err:
                 logger.warning("skipped a sample that cannot be used: %s", err)
                 self.skipped.append(str(err))
