@@ -58,12 +58,13 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
 
 
 def test_accumulation_without_buckets_matches_too():
-    micro = train(TrainConfig(batch_size=32, accumulate=3, epochs=1,
+    micro = train(TrainConfig(batch_size=32, accumulate=7, epochs=1,
                               **{**BASE, "kvstore": "none"}), devices=ONE)
-    large = train(TrainConfig(batch_size=96, epochs=1, **{**BASE, "kvstore": "none"}),
+    large = train(TrainConfig(batch_size=224, epochs=1, **{**BASE, "kvstore": "none"}),
                   devices=ONE)
-    # 45 micro-batches / 3 = 15 steps; 1437 / 96 = 15 batches (the last of 93).
-    assert micro.result["steps"] == large.result["steps"] == 15
+    # 45 micro-batches = 6 steps of 7 and a last step of 3 (2 x 32 + 29 samples);
+    # 1437 = 6 batches of 224 and a last one of 93.
+    assert micro.result["steps"] == large.result["steps"] == 7
     assert_same_model(micro.net, large.net)
 
 
@@ -95,3 +96,25 @@ def test_accumulate_is_refused_below_one_and_with_dist_async():
         train(TrainConfig(accumulate=0, **BASE), devices=ONE)
     with pytest.raises(ConfigError, match="--accumulate needs a synchronous store"):
         train(TrainConfig(accumulate=2, **{**BASE, "kvstore": "dist_async"}), devices=ONE)
+
+
+def test_every_sample_enters_one_step_and_the_last_step_takes_the_rest(monkeypatch):
+    from hvdtrain.loop import fit as fit_module
+    from hvdtrain.store.buckets import BucketedTrainer
+    step_batches, epochs = [], []
+    real_step, real_epoch = BucketedTrainer.step, fit_module.train_epoch
+
+    def recording_step(self, batch_size, *args, **kwargs):
+        step_batches.append(batch_size)
+        return real_step(self, batch_size, *args, **kwargs)
+
+    def recording_epoch(*args, **kwargs):
+        epochs.append(real_epoch(*args, **kwargs))
+        return epochs[-1]
+
+    monkeypatch.setattr(BucketedTrainer, "step", recording_step)
+    monkeypatch.setattr(fit_module, "train_epoch", recording_epoch)
+    train(TrainConfig(batch_size=32, accumulate=4, epochs=1, **BASE), devices=ONE)
+    # 44 full micro-batches of 32 and one of 29: 11 steps of 4 x 32, the last of 29.
+    assert step_batches == [128] * 11 + [29]
+    assert epochs[0].steps == 12 and epochs[0].samples == 1437 and epochs[0].complete
