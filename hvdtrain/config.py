@@ -88,6 +88,10 @@ class TrainConfig:
         "devices per worker x workers", group="optimisation", range=POSITIVE)
     epochs: int = option(
         5, "passes over the training set", group="optimisation", range=POSITIVE)
+    accumulate: int = option(
+        1, "micro-batches whose gradients are summed locally before one exchange and "
+        "update; global batch = batch size x devices per worker x workers x this",
+        group="optimisation", range=POSITIVE)
     lr: float = option(
         0.01, "learning rate for the GLOBAL batch: gradients are averaged over all workers' "
         "samples", group="optimisation", range=POSITIVE)
@@ -258,6 +262,9 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lr_schedule != "step" and cfg.lr_decay_epochs:
         raise ConfigError(f"--lr-decay-epochs are the steps of --lr-schedule step; "
                           f"--lr-schedule {cfg.lr_schedule} decays smoothly: drop one of them")
+    if cfg.kvstore == "dist_async" and cfg.accumulate > 1:
+        raise ConfigError("--kvstore dist_async applies every push on its own on the servers: "
+                          "--accumulate needs a synchronous store (drop one of them)")
     if cfg.kvstore == "dist_async" and cfg.lr_schedule != "step":
         raise ConfigError("--kvstore dist_async runs the optimizer on the servers, which "
                           "never see a learning-rate schedule: drop --lr-schedule")

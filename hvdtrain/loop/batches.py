@@ -40,3 +40,23 @@ def zero_gradients(net, sample, device):
     with autograd.record(train_mode=False):
         zero = net(sample).sum() * 0
     autograd.backward([zero], train_mode=False)
+
+
+def accumulate_gradients(net) -> None:
+    """Make backward *add* to `net`'s gradients (``grad_req='add'``) instead of overwriting
+    them, so several micro-batches sum into one gradient before one exchange.
+
+    Call it before the Trainer sets up its store: changing ``grad_req`` re-creates the
+    gradient arrays, and a :class:`~hvdtrain.store.buckets.BucketedTrainer` set up before
+    would have to plan its buckets again."""
+    for param in net.collect_params().values():
+        if param.grad_req != "null":
+            param.grad_req = "add"
+
+
+def clear_gradients(net) -> None:
+    """Zero `net`'s accumulated gradients in place (after an exchange and update), so the
+    next micro-batch starts a new sum. In place: the zero-copy buckets hold views of them."""
+    for param in net.collect_params().values():
+        if param.grad_req == "add":
+            param.zero_grad()

@@ -17,6 +17,7 @@ from ..data.loader import BatchLoader
 from ..data.streamed import ImageLoader
 from ..data.transforms import Augment
 from ..data.sampler import SplitSampler
+from .batches import accumulate_gradients
 from .schedule import effective_base_lr
 
 logger = logging.getLogger("hvdtrain")
@@ -31,13 +32,16 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext,
     (``update_on_kvstore=False``): every worker applies the same update itself, and the
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
     run the optimizer and apply each worker's gradient as it arrives. `policy` (default:
-    the configuration's) adds what float16 weights need."""
+    the configuration's) adds what float16 weights need. With ``cfg.accumulate`` > 1 the
+    gradients are made to accumulate (``grad_req='add'``) before the buckets are planned."""
     policy = policy or precision.Precision.of(cfg)
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
               "wd": cfg.wd, **policy.optimizer_options()}
     if cfg.optimizer in ("sgd", "nag"):
         params["momentum"] = cfg.momentum
     # dist_async can only update on the servers (MXNet refuses anything else).
+    if cfg.accumulate > 1:
+        accumulate_gradients(net)
     update_on_kvstore = None if dist.store is None else not dist.synchronous
     return BucketedTrainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
                            update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb)

@@ -1,7 +1,8 @@
 """One epoch of training: the step every rank repeats, and the state it advances.
 
 One step: split the batch over the worker's devices, forward and backward under autograd,
-``trainer.step(global batch)``. The store *sums* gradients over workers and ``step`` divides
+``trainer.step(global batch)``. With ``accumulate`` N > 1, N micro-batches add their
+gradients (``grad_req='add'``) before one ``step`` over all their samples. The store *sums* gradients over workers and ``step`` divides
 by the global batch, so the update uses the gradient averaged over the global batch and
 ``--lr`` is the rate for that global batch.
 """
@@ -16,7 +17,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import precision
-from .batches import split_batch, zero_gradients
+from .batches import clear_gradients, split_batch, zero_gradients
 from ..store.dist import DistContext
 from .evaluate import tally_batch
 from .guard import FiniteGuard
@@ -62,6 +63,7 @@ class Loop:
     policy: precision.Precision = precision.Precision()
     watchdog: Optional[Watchdog] = None
     label_smoothing: float = 0.0
+    accumulate: int = 1  # micro-batches per optimizer step
 
 
 def training_loss(smoothing: float):
@@ -93,18 +95,25 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
     bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
-    # Batches of this epoch run before a resume (none in an epoch started afresh).
-    per_epoch = loop.steps_per_epoch or len(loader)
-    done = max(per_epoch - len(loader), 0)
-    ran = 0
+    # An optimizer step takes `accumulate` micro-batches (the epoch's last step takes what
+    # is left: every rank has the same number of micro-batches, so all step together).
+    accumulate = loop.accumulate
+    micro_batches = len(loader)
+    # Steps of this epoch run before a resume (none in an epoch started afresh).
+    per_epoch = loop.steps_per_epoch or -(-micro_batches // accumulate)
+    done = max(per_epoch - -(-micro_batches // accumulate), 0)
+    ran, steps, step_samples = 0, 0, 0
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
-        if loop.max_steps is not None and state.step >= loop.max_steps:
-            break
-        # The schedule follows the position in the epoch, so it does not depend on how
-        # many workers earlier epochs ran with (a resumed run may have a different count).
-        loop.trainer.set_learning_rate(
-            loop.lr_for_step(state.epoch * per_epoch + done + batch - 1))
+        if (batch - 1) % accumulate == 0:  # the first micro-batch of a step
+            # --max-steps stops at a step boundary only: a checkpoint never holds part of
+            # a step's gradient sum.
+            if loop.max_steps is not None and state.step >= loop.max_steps:
+                break
+            # The schedule follows the position in the epoch, so it does not depend on how
+            # many workers earlier epochs ran with (a resumed run may have a different count).
+            loop.trainer.set_learning_rate(
+                loop.lr_for_step(state.epoch * per_epoch + done + steps))
         xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
         with autograd.record():
             outs = [loop.net(x) for x in xs]
@@ -112,36 +121,46 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         loop.policy.backward(losses, loop.trainer)
         for idle_device in idle:  # an epoch's last batch had fewer samples than devices
             zero_gradients(loop.net, xs[0][:1], idle_device)
-        if dist.synchronous:
-            loop.trainer.step(len(labels) * dist.num_workers)
-        else:
-            # Each push is applied alone, and MXNet fixes the servers' rescaling at the
-            # first step: a short last batch is scaled as a full one.
-            loop.trainer.step(loader.batch_size)
         batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
         correct += batch_correct
         loss_sum += batch_loss
         samples += len(labels)
-        state.step += 1
+        step_samples += len(labels)
         # Positions of the epoch's order consumed, not samples trained on: a streamed
         # loader leaves unreadable samples out of a batch, and a resume must still start
         # after them. (Only an epoch's last batch is short, and the epoch then ends.)
         state.epoch_samples += loader.batch_size * dist.num_workers
         ran = batch
-        loop.guard.observe(batch_loss, state.step)
+        loop.guard.observe(batch_loss, state.step + 1)
+        if bar is not None:
+            bar.update(1)
+        if batch % accumulate and batch != micro_batches:
+            continue  # more micro-batches add to this step's gradients
+        if dist.synchronous:
+            # The gradients summed over the step's micro-batches and the workers: the
+            # update averages them over all the samples they came from.
+            loop.trainer.step(step_samples * dist.num_workers)
+        else:
+            # Each push is applied alone, and MXNet fixes the servers' rescaling at the
+            # first step: a short last batch is scaled as a full one.
+            loop.trainer.step(loader.batch_size)
+        if accumulate > 1:
+            clear_gradients(loop.net)
+        step_samples = 0
+        steps += 1
+        state.step += 1
         loop.guard.check(state.step)
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if bar is not None:
-            bar.update(1)
-            if batch % PROGRESS_EVERY == 0:  # reading the loss waits for the device
+            if steps % PROGRESS_EVERY == 0:  # reading the loss waits for the device
                 bar.set_postfix(loss=f"{loss_sum.asscalar() / samples:.4f}",
                                 img_s=f"{samples * dist.num_workers / (time.perf_counter() - start):.0f}")
-        elif loop.log_interval and batch % loop.log_interval == 0 and \
+        elif loop.log_interval and steps % loop.log_interval == 0 and \
                 logger.isEnabledFor(logging.INFO):
             elapsed = time.perf_counter() - start
             logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
-                        batch, len(loader), loss_sum.asscalar() / samples,
+                        done + steps, per_epoch, loss_sum.asscalar() / samples,
                         samples * dist.num_workers / elapsed)
     if bar is not None:
         bar.close()
@@ -153,5 +172,5 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
-                      samples=int(seen), seconds=seconds, complete=ran == len(loader),
-                      steps=ran)
+                      samples=int(seen), seconds=seconds, complete=ran == micro_batches,
+                      steps=steps)

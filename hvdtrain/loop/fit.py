@@ -130,7 +130,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     show_progress = logger.isEnabledFor(logging.INFO) and (
         cfg.progress if cfg.progress is not None else sys.stderr.isatty())
     train_loader, test_loader = build_loaders(data, cfg, dist, len(devices))
-    steps_per_epoch = len(train_loader)
+    # The last step of an epoch takes the micro-batches left when they do not divide by
+    # --accumulate (loop.epoch.train_epoch).
+    steps_per_epoch = -(-len(train_loader) // cfg.accumulate)
     base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
 
     def lr_for_step(step):
@@ -140,11 +142,14 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
-                policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing)
-    logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d = global batch %d, "
-                "%d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
+                policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
+                cfg.accumulate)
+    logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
+                "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
-                train_loader.batch_size * dist.num_workers, steps_per_epoch, base_lr,
+                f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else "",
+                train_loader.batch_size * dist.num_workers * cfg.accumulate, steps_per_epoch,
+                base_lr,
                 cfg.lr_scaling, cfg.kvstore)
     # Rank 0 writes; every rank learns whether it could (write_together), so a full disk
     # stops all of them at the same point instead of leaving them inside a collective.

@@ -48,6 +48,11 @@ def check_compatible(path: str, meta: Dict, cfg: TrainConfig, warn: bool = True)
         raise CheckpointError(f"checkpoint {path} stopped inside an epoch with --sampling "
                               f"{saved['sampling']}: finish that epoch with the same "
                               f"--sampling (change it at an epoch boundary)")
+    if partial and saved.get("accumulate", 1) != here["accumulate"]:
+        # Its steps so far grouped the epoch's micro-batches by the checkpoint's count.
+        raise CheckpointError(f"checkpoint {path} stopped inside an epoch with --accumulate "
+                              f"{saved.get('accumulate', 1)}: finish that epoch with the same "
+                              f"--accumulate (change it at an epoch boundary)")
     if epoch > cfg.epochs or (epoch == cfg.epochs and partial):
         raise CheckpointError(f"checkpoint {path} is past --epochs {cfg.epochs} (it has "
                               f"{epoch} epochs{' and part of the next' if partial else ''} "

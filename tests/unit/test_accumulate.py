@@ -1,0 +1,120 @@
+"""--accumulate N: N micro-batches add their gradients before one exchange and update.
+
+In-process, one worker on one CPU device through the local store (``--kvstore device``), so
+the gradients live in the zero-copy buckets. The reference is the same epoch run as one
+batch of N*b per step: by the remainder rule (an epoch's last step takes the micro-batches
+left), its steps hold exactly the same samples.
+"""
+import json
+
+import mxnet as mx
+import pytest
+
+from helpers import assert_arrays_close
+
+from hvdtrain.config import ConfigError, TrainConfig
+from hvdtrain.job import train
+from hvdtrain.state.checkpoint_files import CheckpointError
+
+# digits: 1437 training samples = 45 micro-batches of 32 (the last of 29): 12 steps of 4
+# micro-batches (the last step takes 1), as 12 batches of 128 (the last of 29).
+BASE = dict(model="mlp", dataset="digits", no_cuda=True, lr=0.1, log_interval=0,
+            kvstore="device", progress=False)
+ONE = [mx.cpu(0)]
+
+
+def params(net):
+    return {name: p.data().asnumpy()
+            for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+
+
+def assert_same_model(a, b):
+    reference = params(b)
+    for name, array in params(a).items():
+        # Sums of the same per-sample gradients in another order: equal up to rounding.
+        assert_arrays_close(array, reference[name], 1e-5, what=name)
+
+
+def records(output_dir, kind):
+    with open(output_dir / "metrics.jsonl") as f:
+        return [r for r in map(json.loads, f) if r.get("event") == kind]
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
+    micro = train(TrainConfig(batch_size=32, accumulate=4, epochs=2,
+                              output_dir=str(tmp_path / "micro"), **BASE), devices=ONE)
+    large = train(TrainConfig(batch_size=128, epochs=2, output_dir=str(tmp_path / "large"),
+                              **BASE), devices=ONE)
+    assert micro.result["steps"] == large.result["steps"] == 2 * 12
+    assert_same_model(micro.net, large.net)
+    # The metrics count every micro-batch: all of the epoch's samples, at the weights of
+    # their step, as the large batch does.
+    for m, l in zip(records(tmp_path / "micro", "epoch"), records(tmp_path / "large", "epoch")):
+        assert m["step"] == l["step"]
+        assert m["train_loss"] == pytest.approx(l["train_loss"], rel=1e-5)
+        assert m["train_acc"] == pytest.approx(l["train_acc"], abs=1e-9)
+    start = records(tmp_path / "micro", "start")[0]
+    assert start["steps_per_epoch"] == 12
+
+
+def test_accumulation_without_buckets_matches_too():
+    micro = train(TrainConfig(batch_size=32, accumulate=7, epochs=1,
+                              **{**BASE, "kvstore": "none"}), devices=ONE)
+    large = train(TrainConfig(batch_size=224, epochs=1, **{**BASE, "kvstore": "none"}),
+                  devices=ONE)
+    # 45 micro-batches = 6 steps of 7 and a last step of 3 (2 x 32 + 29 samples);
+    # 1437 = 6 batches of 224 and a last one of 93.
+    assert micro.result["steps"] == large.result["steps"] == 7
+    assert_same_model(micro.net, large.net)
+
+
+def test_a_resume_at_a_step_boundary_continues_exactly(tmp_path):
+    # A warmup makes the learning rate depend on the position in the epoch.
+    run = dict(batch_size=32, accumulate=4, epochs=2, warmup_epochs=1, **BASE)
+    whole = train(TrainConfig(**run), devices=ONE)
+    # Stopped 5 steps (20 micro-batches) into the first epoch, then resumed.
+    first = train(TrainConfig(max_steps=5, output_dir=str(tmp_path), **run), devices=ONE)
+    assert first.result["steps"] == 5
+    stop = records(tmp_path, "stop")[0]
+    assert stop["epoch_samples"] == 5 * 4 * 32
+    rest = train(TrainConfig(resume="auto", output_dir=str(tmp_path), **run), devices=ONE)
+    assert rest.result["steps"] == whole.result["steps"] == 24
+    assert_same_model(rest.net, whole.net)
+
+
+def test_a_resume_with_another_accumulate_inside_an_epoch_is_refused(tmp_path):
+    run = dict(batch_size=32, epochs=2, output_dir=str(tmp_path), **BASE)
+    train(TrainConfig(accumulate=4, max_steps=5, **run), devices=ONE)
+    with pytest.raises(CheckpointError) as refused:
+        train(TrainConfig(accumulate=2, resume="auto", **run), devices=ONE)
+    message = str(refused.value)
+    assert "\n" not in message and "--accumulate 4" in message, message
+
+
+def test_accumulate_is_refused_below_one_and_with_dist_async():
+    with pytest.raises(ConfigError, match="accumulate"):
+        train(TrainConfig(accumulate=0, **BASE), devices=ONE)
+    with pytest.raises(ConfigError, match="--accumulate needs a synchronous store"):
+        train(TrainConfig(accumulate=2, **{**BASE, "kvstore": "dist_async"}), devices=ONE)
+
+
+def test_every_sample_enters_one_step_and_the_last_step_takes_the_rest(monkeypatch):
+    from hvdtrain.loop import fit as fit_module
+    from hvdtrain.store.buckets import BucketedTrainer
+    step_batches, epochs = [], []
+    real_step, real_epoch = BucketedTrainer.step, fit_module.train_epoch
+
+    def recording_step(self, batch_size, *args, **kwargs):
+        step_batches.append(batch_size)
+        return real_step(self, batch_size, *args, **kwargs)
+
+    def recording_epoch(*args, **kwargs):
+        epochs.append(real_epoch(*args, **kwargs))
+        return epochs[-1]
+
+    monkeypatch.setattr(BucketedTrainer, "step", recording_step)
+    monkeypatch.setattr(fit_module, "train_epoch", recording_epoch)
+    train(TrainConfig(batch_size=32, accumulate=4, epochs=1, **BASE), devices=ONE)
+    # 44 full micro-batches of 32 and one of 29: 11 steps of 4 x 32, the last of 29.
+    assert step_batches == [128] * 11 + [29]
+    assert epochs[0].steps == 12 and epochs[0].samples == 1437 and epochs[0].complete
