@@ -45,7 +45,7 @@ class FolderSplit:
         for label, name in enumerate(classes):
             folder = os.path.join(root, name)
             files = sorted(e.name for e in _scan(folder)
-                           if e.name.lower().endswith(IMAGE_EXTENSIONS) and e.is_file())
+                           if e.name.lower().endswith(IMAGE_EXTENSIONS) and _is(e, "file"))
             if not files:
                 raise DatasetError(f"class folder {folder} holds no .jpg/.jpeg/.png image: "
                                    f"add its images or remove the folder (from train/ and "
@@ -96,7 +96,14 @@ class RecordSplit:
         self.keys, self.offsets = read_idx(idx_path)
         self._idx_path = idx_path
         self._size = os.path.getsize(rec_path)
-        self._fd = os.open(rec_path, os.O_RDONLY)
+        # A copy cut short (a full disk, an interrupted rsync) is found now, not as one
+        # skipped sample after another for the whole tail of every epoch.
+        last = int(self.offsets.max())
+        if last + RECORD_HEAD.size > self._size:
+            raise DatasetError(f"{rec_path} is truncated: {idx_path} has a record at offset "
+                               f"{last} but the file holds {self._size} bytes; copy the "
+                               f"pack again or re-pack it (hvdtrain-pack)")
+        self.fd = os.open(rec_path, os.O_RDONLY)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -107,7 +114,7 @@ class RecordSplit:
     def _raw(self, index: int) -> bytes:
         offset, parts = int(self.offsets[index]), []
         while True:
-            head = os.pread(self._fd, RECORD_HEAD.size, offset)
+            head = os.pread(self.fd, RECORD_HEAD.size, offset)
             if len(head) < RECORD_HEAD.size:
                 raise BadSample(f"{self.describe(index)}: truncated at offset {offset}")
             magic, word = RECORD_HEAD.unpack(head)
@@ -115,7 +122,7 @@ class RecordSplit:
             if magic != RECORD_MAGIC or offset + RECORD_HEAD.size + length > self._size:
                 raise BadSample(f"{self.describe(index)}: no record at offset {offset} "
                                 f"(damaged pack, or .idx not made for this .rec)")
-            parts.append(os.pread(self._fd, length, offset + RECORD_HEAD.size))
+            parts.append(os.pread(self.fd, length, offset + RECORD_HEAD.size))
             # dmlc splits a record where its payload holds the magic number (flags 1, 2, 3).
             if flag in (0, 3):
                 break
@@ -139,7 +146,7 @@ class RecordSplit:
             return hashlib.sha256(src.read()).hexdigest()[:16]
 
     def close(self) -> None:
-        os.close(self._fd)
+        os.close(self.fd)
 
 
 def read_idx(path: str) -> Tuple[np.ndarray, np.ndarray]:
@@ -176,9 +183,38 @@ def _scan(folder: str):
                            f"its permissions") from None
 
 
+def _is(entry: os.DirEntry, kind: str) -> bool:
+    """Whether `entry` is a file (or folder), following symbolic links.
+
+    A link that cannot be followed (a loop: ELOOP; no permission) stops with one line naming
+    it rather than being skipped: unlike a corrupt image met mid-epoch, it is a layout error
+    found before training, fixed in a second, and skipping it would silently change the
+    sample count (torchvision's ImageFolder would fail on it too, at its first read)."""
+    try:
+        return entry.is_file() if kind == "file" else entry.is_dir()
+    except OSError as err:
+        raise DatasetError(f"cannot follow {entry.path}: {err.strerror}; remove or fix "
+                           f"that link") from None
+
+
 def class_names(folder: str) -> List[str]:
     """The sorted names of the class folders in `folder`."""
-    return sorted(e.name for e in _scan(folder) if e.is_dir())
+    return sorted(e.name for e in _scan(folder) if _is(e, "dir"))
+
+
+def check_folder(path: str, what: str) -> None:
+    """Refuse `path` in one line saying what is wrong with it: missing, not a folder, or a
+    folder this user cannot list (`what` says what it was meant to be)."""
+    if not os.path.lexists(path):
+        problem = "does not exist"
+    elif not os.path.isdir(path):
+        problem = "is not a folder"
+    elif not os.access(path, os.R_OK | os.X_OK):
+        problem = "cannot be read (permission denied)"
+    else:
+        return
+    raise DatasetError(f"{what} {path} {problem}: check the path and its permissions on "
+                       f"this host (see docs/data.md)")
 
 
 def open_folder(data_dir: str) -> Tuple[List[str], FolderSplit, FolderSplit]:
@@ -187,9 +223,7 @@ def open_folder(data_dir: str) -> Tuple[List[str], FolderSplit, FolderSplit]:
     splits = {}
     for split in SPLITS:
         folder = os.path.join(data_dir, split)
-        if not os.path.isdir(folder):
-            raise DatasetError(f"--dataset imagefolder needs {folder}/<class>/*.jpg: "
-                               f"{folder} is not a folder (see docs/data.md)")
+        check_folder(folder, f"--dataset imagefolder needs {folder}/<class>/*.jpg:")
         splits[split] = class_names(folder)
     classes = splits["train"]
     if not classes:

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import images
 from .datasets import DatasetError
+from .pack_labels import record_class_names
 from .transforms import Augment, check_jpeg_codec, eval_transform, train_transform
 
 logger = logging.getLogger("hvdtrain")
@@ -67,34 +68,14 @@ def load_images(kind: str, data_dir: Optional[str], image_size: Optional[int] = 
     """Open the image folder or RecordIO pack in `data_dir` (nothing decoded yet)."""
     if not data_dir:
         raise DatasetError(f"--dataset {kind} needs --data-dir (see docs/data.md)")
-    if not os.path.isdir(data_dir):
-        raise DatasetError(f"--data-dir {data_dir} is not a folder (or cannot be read): "
-                           f"check the path on this host")
+    images.check_folder(data_dir, "--data-dir")
     check_jpeg_codec()
     size = image_size or DEFAULT_IMAGE_SIZE
     if kind == "imagefolder":
         classes, train, test = images.open_folder(data_dir)
         return ImageDataset(kind, train, test, classes, size)
     train, test = images.open_records(data_dir)
-    return ImageDataset(kind, train, test, record_class_names(data_dir, train), size)
-
-
-def record_class_names(data_dir: str, train) -> List[str]:
-    """Class names of a pack: ``classes.txt`` beside it (hvdtrain-pack writes it), else
-    ``train.lst`` (im2rec's list: ``index<TAB>label<TAB>path``), else the labels of the
-    records themselves, read header by header (slow on a large pack on a network disk)."""
-    names = images.record_classes(data_dir)
-    if names:
-        return names
-    listing = os.path.join(data_dir, "train.lst")
-    if os.path.isfile(listing):
-        with open(listing, encoding="utf-8") as src:
-            top = max(int(float(line.split("\t")[1])) for line in src if line.strip())
-    else:
-        logger.warning("%s has no classes.txt or train.lst beside it: reading every "
-                       "record's label to count the classes", data_dir)
-        top = max(train.read(i)[1] for i in range(len(train)))
-    return [str(i) for i in range(top + 1)]
+    return ImageDataset(kind, train, test, record_class_names(data_dir, train, test), size)
 
 
 class ImageLoader:

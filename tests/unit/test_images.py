@@ -122,8 +122,8 @@ def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images,
     ("recordio", "no pack", "--dataset recordio needs"),
     ("imagefolder", "empty class", "holds no .jpg/.jpeg/.png image"),
     ("imagefolder", "classes differ", "only in train: digit9; only in val: none"),
-    ("imagefolder", "no val", "is not a folder"),
-    ("imagefolder", "missing dir", "is not a folder (or cannot be read)"),
+    ("imagefolder", "no val", "val does not exist"),
+    ("imagefolder", "missing dir", "nowhere does not exist"),
 ])
 def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, breakage,
                                                needle):

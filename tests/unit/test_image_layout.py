@@ -1,0 +1,97 @@
+"""Layout errors of image folders and RecordIO packs found before training: one line
+``hvdtrain: error: ...`` naming the path and the problem, exit status 2 (run in-process)."""
+import os
+import shutil
+
+import pytest
+
+from helpers import main_in_process
+
+ARGS = ["--no-cuda", "--kvstore", "none", "--epochs", "1", "--image-size", "16"]
+
+
+def _refusal(kind, root, capfd):
+    code, lines = main_in_process(["--dataset", kind, "--data-dir", root, *ARGS], capfd)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("hvdtrain: error: "), lines
+    return lines[0]
+
+
+@pytest.fixture
+def pack_copy(digit_images, tmp_path):
+    root = str(tmp_path / "pack")
+    shutil.copytree(digit_images[1], root)
+    return root
+
+
+@pytest.fixture
+def folder_copy(digit_images, tmp_path):
+    root = str(tmp_path / "images")
+    shutil.copytree(digit_images[0], root)
+    return root
+
+
+@pytest.mark.parametrize("names,needle", [
+    # Labels 5-9 have no name: the model would get 5 outputs for 10 labels.
+    ([f"c{i}" for i in range(5)], "names 5 classes (labels 0-4) but"),
+    # A name no record has: an output that never trains.
+    ([f"c{i}" for i in range(11)], "has no record of label(s) 10"),
+])
+def test_a_class_list_that_does_not_fit_the_labels_is_refused(pack_copy, capfd, names,
+                                                               needle):
+    with open(os.path.join(pack_copy, "classes.txt"), "w") as out:
+        out.write("".join(n + "\n" for n in names))
+    line = _refusal("recordio", pack_copy, capfd)
+    assert "classes.txt" in line and needle in line and "re-pack" in line, line
+
+
+def test_a_train_lst_that_disagrees_with_classes_txt_is_refused(pack_copy, capfd):
+    with open(os.path.join(pack_copy, "train.lst"), "w") as out:
+        out.write("0\t11.000000\tdigit0/a.jpg\n")
+    line = _refusal("recordio", pack_copy, capfd)
+    assert "names 10 classes but" in line and "labels 0-11" in line, line
+
+
+def test_a_symlink_loop_in_a_class_folder_is_one_line(folder_copy, capfd):
+    link = os.path.join(folder_copy, "train", "digit3", "loop.jpg")
+    os.symlink("loop.jpg", link)
+    line = _refusal("imagefolder", folder_copy, capfd)
+    assert f"cannot follow {link}" in line and "levels of symbolic links" in line, line
+
+
+def test_a_symlinked_class_folder_loop_is_one_line(folder_copy, capfd):
+    link = os.path.join(folder_copy, "val", "digit10")
+    os.symlink("digit10", link)
+    line = _refusal("imagefolder", folder_copy, capfd)
+    assert f"cannot follow {link}" in line, line
+
+
+def test_a_truncated_rec_is_refused_at_open(pack_copy, capfd):
+    rec = os.path.join(pack_copy, "train.rec")
+    with open(rec, "r+b") as out:
+        out.truncate(os.path.getsize(rec) // 2)
+    line = _refusal("recordio", pack_copy, capfd)
+    assert f"{rec} is truncated" in line and "re-pack" in line, line
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "does not exist"),
+    ("file", "is not a folder"),
+    ("unreadable", "cannot be read (permission denied)"),
+])
+def test_an_unusable_data_dir_says_what_is_wrong(folder_copy, tmp_path, capfd, monkeypatch,
+                                                 case, needle):
+    root = folder_copy
+    if case == "missing":
+        root = str(tmp_path / "nowhere")
+    elif case == "file":
+        root = str(tmp_path / "a-file")
+        open(root, "w").close()
+    else:
+        # Tests may run as root, whom chmod does not stop: the permission check is what
+        # os.access answers for a user without read permission.
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m, **kw: False if p == root
+                            else real(p, m, **kw))
+    line = _refusal("imagefolder", root, capfd)
+    assert f"--data-dir {root} {needle}" in line, line
