@@ -8,34 +8,49 @@ bytes as they are, not re-encoded, so no OpenCV is needed) and ``PACK_DIR/classe
 (the class names, one a line, in label order). Record keys count from 0 in (class, file)
 order, the order ``--dataset imagefolder`` numbers the same samples in, so both formats
 train on the same sample order.
+
+Each image is decoded first (at 1/8 scale for a JPEG: cheap) with the decoder training uses;
+one that cannot be decoded is left out with a warning naming it and counted in the summary
+line, as im2rec skips what it cannot read: a pack then holds only images that train, and its
+record keys keep the folder's numbers (the skipped key is missing).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .datasets import DatasetError
-from .images import SPLITS, open_folder
+from .images import SPLITS, BadSample, open_folder
+from .transforms import decodes
 
 
-def pack_split(split, prefix: str) -> int:
-    """Write `split` (an images.FolderSplit) to ``prefix.rec`` + ``prefix.idx``."""
+def pack_split(split, prefix: str) -> Tuple[int, int]:
+    """Write `split` (an images.FolderSplit) to ``prefix.rec`` + ``prefix.idx``; return
+    (images packed, images skipped as unreadable or undecodable)."""
     import mxnet as mx  # the writer of the format is MXNet's own
     writer = mx.recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    skipped = 0
     try:
         for index in range(len(split)):
-            encoded, label = split.read(index)
+            try:
+                encoded, label = split.read(index)
+                decodes(encoded, split.describe(index))
+            except BadSample as err:
+                print(f"hvdtrain-pack: warning: skipped {err}", file=sys.stderr)
+                skipped += 1
+                continue
             header = mx.recordio.IRHeader(0, float(label), index, 0)
             writer.write_idx(index, mx.recordio.pack(header, encoded))
     finally:
         writer.close()
-    return len(split)
+    return len(split) - skipped, skipped
 
 
-def pack_folder(images_dir: str, pack_dir: str) -> List[int]:
-    """Pack both splits of `images_dir` into `pack_dir`; return their sample counts."""
+def pack_folder(images_dir: str, pack_dir: str) -> List[Tuple[int, int]]:
+    """Pack both splits of `images_dir` into `pack_dir`; return (packed, skipped) counts
+    per split."""
     classes, train, val = open_folder(images_dir)
     os.makedirs(pack_dir, exist_ok=True)
     with open(os.path.join(pack_dir, "classes.txt"), "w", encoding="utf-8") as out:
@@ -57,7 +72,11 @@ def run(argv: Optional[List[str]] = None) -> int:
         text = getattr(err, "strerror", None) or str(err)
         print(f"hvdtrain-pack: error: {text}", file=sys.stderr)
         return 2
-    print(f"packed {counts[0]} train and {counts[1]} val images into {args.pack_dir}")
+    (train, train_skipped), (val, val_skipped) = counts
+    skipped = train_skipped + val_skipped
+    print(f"packed {train} train and {val} val images into {args.pack_dir}"
+          + (f"; skipped {skipped} that cannot be decoded ({train_skipped} train, "
+             f"{val_skipped} val; named above)" if skipped else ""))
     return 0
 
 

@@ -243,3 +243,30 @@ def test_opencv_decodes_whether_imported_before_or_after_horovod_mxnet(digit_ima
     assert line, out
     # Two libjpeg builds may round the inverse DCT differently: a few grey levels.
     assert int(line[0].split()[1]) <= 4, out
+
+
+def test_pack_skips_and_counts_images_that_do_not_decode(digit_images, tmp_path, capsys):
+    """hvdtrain-pack leaves out a corrupt JPEG and a file that is no image, names each in a
+    warning and counts them in its summary; MXNet's own reader finds only the others."""
+    from hvdtrain.data import pack
+    bad_folder, _, corrupt, _ = bad_copy(*digit_images, tmp_path)
+    not_image = os.path.join(bad_folder, "val", "digit5", "zz-notes.png")
+    with open(not_image, "wb") as out:
+        out.write(b"not an image at all")
+    out_dir = str(tmp_path / "repacked")
+    assert pack.run([bad_folder, out_dir]) == 0
+    captured = capsys.readouterr()
+    files = load_images("imagefolder", bad_folder)
+    assert (f"packed {len(files.train) - 1} train and {len(files.test) - 1} val images"
+            in captured.out and "skipped 2 that cannot be decoded (1 train, 1 val" in
+            captured.out), captured.out
+    warnings = [l for l in captured.err.splitlines() if l.startswith("hvdtrain-pack: warning")]
+    assert len(warnings) == 2 and corrupt in warnings[0] and not_image in warnings[1], warnings
+    for split, folder_split, bad in (("train", files.train, corrupt),
+                                     ("val", files.test, not_image)):
+        reader = mx.recordio.MXIndexedRecordIO(os.path.join(out_dir, f"{split}.idx"),
+                                               os.path.join(out_dir, f"{split}.rec"), "r")
+        packed = sorted(reader.keys)
+        reader.close()
+        expected = [i for i in range(len(folder_split)) if folder_split.describe(i) != bad]
+        assert packed == expected
