@@ -34,13 +34,20 @@ from ..runtime.watchdog import Watchdog
 
 logger = logging.getLogger("hvdtrain")
 
-def count_skipped(loaders, dist: DistContext) -> int:
-    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks."""
-    mine = sum(len(getattr(loader, "skipped", ())) for loader in loaders)
-    if not dist.synchronous:
-        return mine
-    total = dist.sum_across_workers("skipped_samples", mx.nd.array([mine]))
-    return int(total.asnumpy()[0])
+def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
+    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
+    as the metrics record's fields; rank 0 warns once with the totals (each rank has already
+    named its own bad samples, one warning each)."""
+    mine = [len(getattr(loader, "skipped", ())) for loader in (train_loader, test_loader)]
+    if dist.synchronous:
+        mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
+    train, val = (int(n) for n in mine)
+    # Without a synchronous store the counts are this rank's own: then each rank says its own.
+    if (train or val) and (dist.rank == 0 or not dist.synchronous):
+        logger.warning("epoch %d: %d training and %d validation sample(s) could not be read "
+                       "or decoded and were left out (named in the warnings above, by the "
+                       "rank that met them)", epoch + 1, train, val)
+    return dict(skipped_train_samples=train, skipped_val_samples=val)
 
 
 @dataclass
@@ -66,22 +73,29 @@ class Outputs:
         return paths
 
 
+def _figures(stats, result, trainer, dist: DistContext, batch_size: int) -> dict:
+    """What an epoch's record and a stop's record both say about the training measured."""
+    return dict(train_loss=stats.loss, train_acc=stats.accuracy, test_acc=result.accuracy,
+                test_top5=result.top5, test_loss=result.loss,
+                samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
+                lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size)
+
+
 def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
                           result, epoch_length: int, dist: DistContext,
-                          watchdog: Optional[Watchdog]) -> dict:
+                          watchdog: Optional[Watchdog], batch_size: int,
+                          skipped: dict) -> dict:
     """Record a stop inside an epoch (``--max-steps``) with what the part of the epoch that
     ran measured (steps, time, throughput), and return that record. The epoch is not counted
     as done; its checkpoint keeps the samples processed so that a resume runs only the rest."""
     logger.info("stopped at step %d, %d of %d samples into epoch %d  train loss %.4f  "
-                "train acc %.4f  test acc %.4f  %.1f samples/s over %d steps in %.2fs",
-                state.step, min(state.epoch_samples, epoch_length), epoch_length,
-                state.epoch + 1, stats.loss, stats.accuracy, result.accuracy,
+                "train acc %.4f  test acc %.4f  top-5 %.4f  %.1f samples/s over %d steps in "
+                "%.2fs", state.step, min(state.epoch_samples, epoch_length), epoch_length,
+                state.epoch + 1, stats.loss, stats.accuracy, result.accuracy, result.top5,
                 stats.samples_per_sec, stats.steps, stats.seconds)
     record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
-                  steps=stats.steps, train_loss=stats.loss, train_acc=stats.accuracy,
-                  test_acc=result.accuracy, test_top5=result.top5, test_loss=result.loss,
-                  samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
-                  lr=trainer.learning_rate)
+                  steps=stats.steps, **_figures(stats, result, trainer, dist, batch_size),
+                  **skipped)
 
     def write():
         outputs.metrics.write("stop", **record)
@@ -174,28 +188,21 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
+        skipped = count_skipped(train_loader, test_loader, dist, epoch) \
+            if data.streamed else {}
         if not stats.complete:
             stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
-                                            data.num_train, dist, watchdog)
+                                            data.num_train, dist, watchdog, cfg.batch_size,
+                                            skipped)
             break
-        skipped = count_skipped((train_loader, test_loader), dist) if data.streamed else 0
         state.epoch += 1
         state.epoch_samples = 0
         logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
                     "top-5 %.4f  %.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss,
                     stats.accuracy, result.accuracy, result.top5, stats.samples_per_sec,
                     stats.seconds)
-        record = dict(epoch=epoch, step=state.step, train_loss=stats.loss,
-                      train_acc=stats.accuracy, test_acc=result.accuracy,
-                      test_top5=result.top5, test_loss=result.loss,
-                      samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds, lr=trainer.learning_rate,
-                      num_workers=dist.num_workers, batch_size=cfg.batch_size)
-        if data.streamed:
-            record["skipped_samples"] = skipped
-            if skipped:
-                logger.warning("epoch %d: %d sample(s) could not be read or decoded and were "
-                               "left out (named in the warnings above, by the rank that met "
-                               "them)", epoch + 1, skipped)
+        record = dict(epoch=epoch, step=state.step,
+                      **_figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
         epochs.append(record)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
         write_together(dist, lambda: _epoch_outputs(

@@ -135,7 +135,12 @@ def test_bad_samples_are_skipped_named_and_counted(digit_images, tmp_path):
         results, _, _, stdout = run_images(out_dir, ["--dataset", kind, "--data-dir", root,
                                                      "--epochs", "2", "--output-dir",
                                                      os.path.join(out_dir, "run")])
-        assert needle in stdout and "1 sample(s) could not be read" in stdout
+        assert needle in stdout
+        # The epoch's totals once per epoch, from rank 0 alone (rank 1 named its own file).
+        totals = [l for l in stdout.splitlines()
+                  if "1 training and 0 validation sample(s) could not be read" in l]
+        assert len(totals) == 2 and all("[rank 0]" in l for l in totals), stdout
         epochs = [m for m in metrics(os.path.join(out_dir, "run")) if m["event"] == "epoch"]
-        assert [m["skipped_samples"] for m in epochs] == [1, 1]
+        assert [m["skipped_train_samples"] for m in epochs] == [1, 1]
+        assert [m["skipped_val_samples"] for m in epochs] == [0, 0]
         assert results[0]["steps"] == results[1]["steps"] == 2 * STEPS_PER_EPOCH
