@@ -23,6 +23,21 @@ IMAGE_LAYOUTS = {"imagefolder": "train/<class>/*.jpg and val/<class>/*",
                  "recordio": "train.rec, train.idx, val.rec and val.idx"}
 
 
+# The names --model accepts, here (standard library) so that --help and README's flag table
+# list them; hvdtrain/models.py builds each.
+SMALL_MODEL_NAMES = ("simple_cnn", "bn_cnn", "pool_cnn", "mlp")
+# MXNet 1.9.1's vision.get_model accepts these names but offers no way to list them.
+ZOO_MODELS = (
+    "alexnet", "densenet121", "densenet161", "densenet169", "densenet201", "inceptionv3",
+    "mobilenet0.25", "mobilenet0.5", "mobilenet0.75", "mobilenet1.0", "mobilenetv2_0.25",
+    "mobilenetv2_0.5", "mobilenetv2_0.75", "mobilenetv2_1.0", "resnet101_v1", "resnet101_v2",
+    "resnet152_v1", "resnet152_v2", "resnet18_v1", "resnet18_v2", "resnet34_v1",
+    "resnet34_v2", "resnet50_v1", "resnet50_v2", "squeezenet1.0", "squeezenet1.1", "vgg11",
+    "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
+)
+
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides what a training run does; each field is one option.
@@ -72,7 +87,8 @@ class TrainConfig:
         choices=("strided", "contiguous"))
     # model
     model: Optional[str] = option(
-        None, "Gluon model-zoo name, simple_cnn, bn_cnn or mlp; simple_cnn for digits, else "
+        None, f"one of {', '.join(SMALL_MODEL_NAMES)} (small, for digits and CIFAR) or a "
+        f"Gluon model-zoo name: {', '.join(ZOO_MODELS)}; simple_cnn for digits, else "
         "resnet18_v1", group="model", shown="per dataset")
     hybridize: bool = option(
         True, "run the model imperatively (for debugging)", group="model", kind="off-switch")

@@ -6,7 +6,7 @@ from typing import Callable, Dict, List
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
 
-from .config import ConfigError
+from .config import SMALL_MODEL_NAMES, ZOO_MODELS, ConfigError  # ZOO_MODELS: re-exported
 
 
 class ModelError(ConfigError):
@@ -57,23 +57,10 @@ def mlp(classes: int) -> nn.HybridBlock:
     return net
 
 
+# Keyed by config.SMALL_MODEL_NAMES (what --help lists): a name without a builder fails here.
 SMALL_MODELS: Dict[str, Callable[[int], nn.HybridBlock]] = {
-    "simple_cnn": simple_cnn,
-    "bn_cnn": bn_cnn,
-    "pool_cnn": pool_cnn,
-    "mlp": mlp,
-}
-
-
-# MXNet 1.9.1's vision.get_model accepts these names but offers no way to list them.
-ZOO_MODELS = (
-    "alexnet", "densenet121", "densenet161", "densenet169", "densenet201", "inceptionv3",
-    "mobilenet0.25", "mobilenet0.5", "mobilenet0.75", "mobilenet1.0", "mobilenetv2_0.25",
-    "mobilenetv2_0.5", "mobilenetv2_0.75", "mobilenetv2_1.0", "resnet101_v1", "resnet101_v2",
-    "resnet152_v1", "resnet152_v2", "resnet18_v1", "resnet18_v2", "resnet34_v1",
-    "resnet34_v2", "resnet50_v1", "resnet50_v2", "squeezenet1.0", "squeezenet1.1", "vgg11",
-    "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
-)
+    name: {"simple_cnn": simple_cnn, "bn_cnn": bn_cnn, "pool_cnn": pool_cnn, "mlp": mlp}[name]
+    for name in SMALL_MODEL_NAMES}
 
 
 def model_names() -> List[str]:

@@ -176,3 +176,15 @@ def test_data_dir_without_cifar10_is_refused():
 def test_image_and_schedule_options_are_checked(flags, needle):
     with pytest.raises(ConfigError, match=re.escape(needle)):
         parse_config(["--dataset", "digits"] + flags if "--dataset" not in flags else flags)
+
+
+def test_model_help_lists_every_model_that_builds():
+    """--help names each model build_model accepts (pool_cnn was missing once); the names a
+    model builds under are found by building, not read from the help's own list."""
+    from hvdtrain.cli import build_parser
+    from hvdtrain.models import build_model, model_names
+    text = " ".join(build_parser().format_help().split())
+    for name in ("simple_cnn", "bn_cnn", "pool_cnn", "mlp", "resnet50_v1"):
+        build_model(name, 10)
+        assert name in text
+    assert all(name in text for name in model_names())
