@@ -116,3 +116,27 @@ def test_the_rule_catches_an_upward_import(tmp_path):
     found = list(_imports(str(bad), "hvdtrain.store.bad"))
     assert found == ["hvdtrain.loop.fit"]
     assert LEVEL[_part(found[0])] >= LEVEL["store"]
+
+
+def test_development_md_names_every_program_and_no_file_outside_the_repo():
+    """docs/development.md's layout counts and names setup.cfg's console scripts, and cites
+    no file this repository does not hold."""
+    import configparser
+    import re
+    root = os.path.dirname(PKG)
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(root, "setup.cfg"))
+    scripts = [line.split("=")[0].strip() for line in
+               setup["options.entry_points"]["console_scripts"].splitlines() if line.strip()]
+    with open(os.path.join(root, "docs", "development.md")) as src:
+        text = src.read()
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"]
+    layout = " ".join(text.split("```")[0].split())
+    assert f"{words[len(scripts)]} programs" in layout, layout
+    assert all(f"`{name}`" in layout for name in scripts), scripts
+    held = set()
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # not .venv, .git
+        held.update(os.path.relpath(os.path.join(top, name), root) for name in files)
+    for cited in re.findall(r"`([\w./-]+\.(?:md|py|cfg|sh))`", text):
+        assert any(path == cited or path.endswith("/" + cited) for path in held), cited
