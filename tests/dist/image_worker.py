@@ -17,10 +17,10 @@ LOCK = threading.Lock()
 plain_sample = streamed.ImageLoader.sample
 
 
-def recorded_sample(self, index, epoch):
+def recorded_sample(self, index, epoch, out=None):
     with LOCK:
         SEEN.append([int(self.train), int(epoch), int(index)])
-    return plain_sample(self, index, epoch)
+    return plain_sample(self, index, epoch, out=out)
 
 
 streamed.ImageLoader.sample = recorded_sample
