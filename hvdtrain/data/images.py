@@ -96,14 +96,21 @@ class RecordSplit:
         self.keys, self.offsets = read_idx(idx_path)
         self._idx_path = idx_path
         self._size = os.path.getsize(rec_path)
-        # A copy cut short (a full disk, an interrupted rsync) is found now, not as one
-        # skipped sample after another for the whole tail of every epoch.
-        last = int(self.offsets.max())
-        if last + RECORD_HEAD.size > self._size:
-            raise DatasetError(f"{rec_path} is truncated: {idx_path} has a record at offset "
-                               f"{last} but the file holds {self._size} bytes; copy the "
-                               f"pack again or re-pack it (hvdtrain-pack)")
         self.fd = os.open(rec_path, os.O_RDONLY)
+        # A copy cut short (a full disk, an interrupted rsync) is found now, not as one
+        # skipped sample after another for the whole tail of every epoch: the last record
+        # (its head, and the length the head gives) must end inside the file.
+        last = int(self.offsets.max())
+        head = os.pread(self.fd, RECORD_HEAD.size, last)
+        end = last + RECORD_HEAD.size
+        if len(head) == RECORD_HEAD.size and RECORD_HEAD.unpack(head)[0] == RECORD_MAGIC:
+            end += RECORD_HEAD.unpack(head)[1] & ((1 << 29) - 1)  # else: one damaged record
+        if end > self._size:
+            os.close(self.fd)
+            raise DatasetError(f"{rec_path} is truncated: {idx_path} has a record at offset "
+                               f"{last} ending at byte {end} but the file holds "
+                               f"{self._size} bytes; copy the pack again or re-pack it "
+                               f"(hvdtrain-pack)")
 
     def __len__(self) -> int:
         return len(self.offsets)

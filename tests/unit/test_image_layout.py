@@ -66,10 +66,12 @@ def test_a_symlinked_class_folder_loop_is_one_line(folder_copy, capfd):
     assert f"cannot follow {link}" in line, line
 
 
-def test_a_truncated_rec_is_refused_at_open(pack_copy, capfd):
+@pytest.mark.parametrize("cut", ["half", "inside the last record"])
+def test_a_truncated_rec_is_refused_at_open(pack_copy, capfd, cut):
     rec = os.path.join(pack_copy, "train.rec")
+    size = os.path.getsize(rec)
     with open(rec, "r+b") as out:
-        out.truncate(os.path.getsize(rec) // 2)
+        out.truncate(size // 2 if cut == "half" else size - 10)
     line = _refusal("recordio", pack_copy, capfd)
     assert f"{rec} is truncated" in line and "re-pack" in line, line
 
