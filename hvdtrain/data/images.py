@@ -20,6 +20,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from .datasets import DatasetError
+from .paths import check_folder, class_names, entry_is, scan
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 SPLITS = ("train", "val")
@@ -44,8 +45,8 @@ class FolderSplit:
         names, labels = [], []
         for label, name in enumerate(classes):
             folder = os.path.join(root, name)
-            files = sorted(e.name for e in _scan(folder)
-                           if e.name.lower().endswith(IMAGE_EXTENSIONS) and _is(e, "file"))
+            files = sorted(e.name for e in scan(folder) if
+                           e.name.lower().endswith(IMAGE_EXTENSIONS) and entry_is(e, "file"))
             if not files:
                 raise DatasetError(f"class folder {folder} holds no .jpg/.jpeg/.png image: "
                                    f"add its images or remove the folder (from train/ and "
@@ -180,48 +181,6 @@ def read_idx(path: str) -> Tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"{path} is empty: the pack holds no record")
     table = table[np.argsort(table[:, 0], kind="stable")]
     return table[:, 0].copy(), table[:, 1].copy()
-
-
-def _scan(folder: str):
-    try:
-        return list(os.scandir(folder))
-    except OSError as err:
-        raise DatasetError(f"cannot read {folder}: {err.strerror}; check the path and "
-                           f"its permissions") from None
-
-
-def _is(entry: os.DirEntry, kind: str) -> bool:
-    """Whether `entry` is a file (or folder), following symbolic links.
-
-    A link that cannot be followed (a loop: ELOOP; no permission) stops with one line naming
-    it rather than being skipped: unlike a corrupt image met mid-epoch, it is a layout error
-    found before training, fixed in a second, and skipping it would silently change the
-    sample count (torchvision's ImageFolder would fail on it too, at its first read)."""
-    try:
-        return entry.is_file() if kind == "file" else entry.is_dir()
-    except OSError as err:
-        raise DatasetError(f"cannot follow {entry.path}: {err.strerror}; remove or fix "
-                           f"that link") from None
-
-
-def class_names(folder: str) -> List[str]:
-    """The sorted names of the class folders in `folder`."""
-    return sorted(e.name for e in _scan(folder) if _is(e, "dir"))
-
-
-def check_folder(path: str, what: str) -> None:
-    """Refuse `path` in one line saying what is wrong with it: missing, not a folder, or a
-    folder this user cannot list (`what` says what it was meant to be)."""
-    if not os.path.lexists(path):
-        problem = "does not exist"
-    elif not os.path.isdir(path):
-        problem = "is not a folder"
-    elif not os.access(path, os.R_OK | os.X_OK):
-        problem = "cannot be read (permission denied)"
-    else:
-        return
-    raise DatasetError(f"{what} {path} {problem}: check the path and its permissions on "
-                       f"this host (see docs/data.md)")
 
 
 def open_folder(data_dir: str) -> Tuple[List[str], FolderSplit, FolderSplit]:

@@ -21,6 +21,7 @@ import numpy as np
 from . import images
 from .datasets import DatasetError
 from .pack_labels import record_class_names
+from .paths import check_folder
 from .transforms import Augment, check_jpeg_codec, eval_transform, train_transform
 
 logger = logging.getLogger("hvdtrain")
@@ -68,7 +69,7 @@ def load_images(kind: str, data_dir: Optional[str], image_size: Optional[int] = 
     """Open the image folder or RecordIO pack in `data_dir` (nothing decoded yet)."""
     if not data_dir:
         raise DatasetError(f"--dataset {kind} needs --data-dir (see docs/data.md)")
-    images.check_folder(data_dir, "--data-dir")
+    check_folder(data_dir, "--data-dir")
     check_jpeg_codec()
     size = image_size or DEFAULT_IMAGE_SIZE
     if kind == "imagefolder":

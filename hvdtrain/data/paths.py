@@ -1,0 +1,51 @@
+"""Checks on the folders and links of an image layout, each refusal one line naming the path
+(:class:`~hvdtrain.data.datasets.DatasetError`, exit 2)."""
+from __future__ import annotations
+
+import os
+from typing import List
+
+from .datasets import DatasetError
+
+
+def scan(folder: str) -> List[os.DirEntry]:
+    """The entries of `folder` (refused in one line when it cannot be listed)."""
+    try:
+        return list(os.scandir(folder))
+    except OSError as err:
+        raise DatasetError(f"cannot read {folder}: {err.strerror}; check the path and "
+                           f"its permissions") from None
+
+
+def entry_is(entry: os.DirEntry, kind: str) -> bool:
+    """Whether `entry` is a file (or folder), following symbolic links.
+
+    A link that cannot be followed (a loop: ELOOP; no permission) stops with one line naming
+    it rather than being skipped: unlike a corrupt image met mid-epoch, it is a layout error
+    found before training, fixed in a second, and skipping it would silently change the
+    sample count (torchvision's ImageFolder lists such an entry and fails when it reads it)."""
+    try:
+        return entry.is_file() if kind == "file" else entry.is_dir()
+    except OSError as err:
+        raise DatasetError(f"cannot follow {entry.path}: {err.strerror}; remove or fix "
+                           f"that link") from None
+
+
+def class_names(folder: str) -> List[str]:
+    """The sorted names of the class folders in `folder`."""
+    return sorted(e.name for e in scan(folder) if entry_is(e, "dir"))
+
+
+def check_folder(path: str, what: str) -> None:
+    """Refuse `path` in one line saying what is wrong with it: missing, not a folder, or a
+    folder this user cannot list (`what` says what it was meant to be)."""
+    if not os.path.lexists(path):
+        problem = "does not exist"
+    elif not os.path.isdir(path):
+        problem = "is not a folder"
+    elif not os.access(path, os.R_OK | os.X_OK):
+        problem = "cannot be read (permission denied)"
+    else:
+        return
+    raise DatasetError(f"{what} {path} {problem}: check the path and its permissions on "
+                       f"this host (see docs/data.md)")
