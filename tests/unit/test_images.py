@@ -282,3 +282,30 @@ def test_jpeg_size_read_from_the_frame_header_equals_pillows(tmp_path):
     assert T._jpeg_size(cases[0][:40]) is None  # cut before its frame header
     with pytest.raises(BadSample, match="x: cannot decode"):
         T.open_image(cases[0][:40], "x")
+
+
+def test_a_pack_made_by_mxnets_im2rec_reads_as_its_folder(digit_images, tmp_path):
+    """docs/data.md: packs made by MXNet's own im2rec.py (a list, then --pass-through)
+    train as they are: the classes come from its train.lst, and the records are the
+    folder's files, byte for byte, each with its file's class (im2rec numbers the sorted
+    class folders as hvdtrain does)."""
+    import collections
+    import sys
+    folder, _ = digit_images
+    im2rec = os.path.join(os.path.dirname(mx.__file__), "tools", "im2rec.py")
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    for split in ("train", "val"):
+        for step in (["--list", "--recursive"], ["--pass-through", "--num-thread", "1"]):
+            proc = run_command([sys.executable, im2rec, *step, split,
+                                os.path.join(folder, split)], timeout=300, cwd=str(pack))
+            assert proc.returncode == 0, proc.stdout
+    data = load_images("recordio", str(pack))
+    files = load_images("imagefolder", folder)
+    assert data.classes == [str(label) for label in range(10)]  # train.lst has no names
+    for mine, theirs in ((data.train, files.train), (data.test, files.test)):
+        expected = collections.Counter()
+        for index in range(len(theirs)):
+            with open(theirs.describe(index), "rb") as src:
+                expected[(src.read(), int(theirs.labels[index]))] += 1
+        assert collections.Counter(mine.read(i) for i in range(len(mine))) == expected
