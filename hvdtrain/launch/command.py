@@ -129,7 +129,8 @@ def python_programs(text):
         words = []
     names = {"python", "python3", f"python3.{sys.version_info[1]}"}
     for word in words:
-        if _FUNCTION_NAME.fullmatch(word) and (is_python(word) or plan([word])):
+        runnable = os.sep not in word or os.access(word, os.X_OK)
+        if _FUNCTION_NAME.fullmatch(word) and (is_python(word) or (runnable and plan([word]))):
             names.add(word)
     return sorted(names)
 
@@ -180,11 +181,15 @@ def _signal(pids, signum):
 def run_shell(text, runner):
     """Run shell `text` (see the module docstring); return its exit status, or the status of the
     first of its Python programs that failed."""
-    read_end, write_end = os.pipe()
-    env = dict(os.environ, **{STATUS_FD: str(write_end)})
+    read_end, write_end = os.pipe()  # a failing program's "STATUS PID" comes here
+    ack_read, ack_write = os.pipe()  # ... and it waits for the reply: the shell is stopped
+    env = dict(os.environ, **{STATUS_FD: f"{write_end},{ack_read}"})
     shell = subprocess.Popen(["bash", "-c", shell_script(text, runner)], env=env,
-                             pass_fds=(write_end,))
+                             pass_fds=(write_end, ack_read))
     os.close(write_end)
+    os.close(ack_read)
+    # As a shell waiting for a command: Ctrl-C is for the programs (the launcher stops the job).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     reading = [read_end]
     while True:
         done = shell.poll()
@@ -195,6 +200,7 @@ def run_shell(text, runner):
             # The shell goes no further (no '; next', no '|| retry'), while the program ends as
             # alone (output, atexit) and a pipe's other end still relays what it prints.
             _signal([p for p, name in _tree(shell.pid).items() if name == "bash"], signal.SIGSTOP)
+            os.write(ack_write, b"stopped\n")
             while (_stat(pid) or (None, "Z", 0))[1] != "Z":  # gone or a zombie: ended
                 time.sleep(0.1)
             _signal(_tree(shell.pid), signal.SIGKILL)

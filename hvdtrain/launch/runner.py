@@ -72,25 +72,27 @@ def skip_exit_barriers():
 
 
 def _status_channel():
-    """The pipe of a shell command's first stage (command.py), kept from the program's
-    children; None when the command is the program itself."""
-    fd = os.environ.pop(_STATUS_FD, None)
-    if fd is None:
-        return None
+    """(report fd, reply fd) of a shell command's first stage (command.py), kept from the
+    program's children; None when the command is the program itself."""
+    fds = os.environ.pop(_STATUS_FD, None)
     try:
-        os.set_inheritable(int(fd), False)
-        return int(fd)
-    except (OSError, ValueError):
+        channel = tuple(int(fd) for fd in fds.split(","))
+        for fd in channel:
+            os.set_inheritable(fd, False)
+        return channel
+    except (AttributeError, OSError, ValueError):
         return None
 
 
 def _failed(status, channel):
-    """Let the program exit with `status` without ps-lite's barrier; tell the shell's first
-    stage, which ends the command (a shell would go on after ``;`` or in a pipe)."""
+    """Let the program exit with `status` without ps-lite's barrier. In a shell command, tell
+    its first stage, which ends the command (a shell would go on after ``;`` or in a pipe),
+    and wait until it has stopped the shell."""
     skip_exit_barriers()
     if channel is not None:
         try:
-            os.write(channel, f"{status} {os.getpid()}\n".encode())
+            os.write(channel[0], f"{status} {os.getpid()}\n".encode())
+            os.read(channel[1], 64)
         except OSError:
             pass
 
