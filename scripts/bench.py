@@ -6,8 +6,9 @@ processes at the same time (the denominator of scaling efficiency). Then an inst
 two-rank run for the share of step time spent in the gradient exchange. The same for
 hvdtrain as it was before zero-copy buckets. Then rows for an
 option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
-two-rank run and its two independent processes. Then an allreduce microbenchmark, and the
-input-pipeline and memory rows of scripts/bench_images.py. Prints
+two-rank run and its two independent processes. Then an allreduce microbenchmark, the
+input-pipeline and memory rows of scripts/bench_images.py, and resnet50_v1 on 2 ranks from
+RecordIO against synthetic input (scripts/bench_input_bound.py). Prints
 one table and writes it as JSON (--json, default runs/bench.json).
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
@@ -169,7 +170,7 @@ def main():
     for size, store_bw, raw_bw in results.allreduce:
         print(f"  {size / 2**20:7.2f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
               f"ratio {store_bw / raw_bw:.2f}")
-    print("\ninput pipeline and memory (scripts/bench_images.py):")
+    print("\ninput pipeline and memory (scripts/bench_images.py, bench_input_bound.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
@@ -199,6 +200,12 @@ def measure_all(args, tmp, runs, results):
     images = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_images.py"),
                                        "--images", "1024", "--threads", "1,2"])])
     results.images = images[0]["rows"]
+    results.write(complete=False)
+    # Is a run input-bound: resnet50_v1 at 224 on 2 ranks from RecordIO vs synthetic images.
+    quick = ["--model", "resnet18_v1", "--steps", "4", "--images", "160", "--rounds", "1"]
+    bound = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_input_bound.py")]
+                                     + (quick if args.quick else []))], timeout=3600)
+    results.images += bound[0]["rows"]
     results.write(complete=False)
 
 

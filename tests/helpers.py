@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -70,26 +71,54 @@ def job_report(lines=TAIL_LINES):
     return "\n".join(blocks)
 
 
+class StartedCommand:
+    """A command running in its own process group, its output going to a temporary file
+    (a pipe nobody reads would block a chatty job that runs beside others)."""
+
+    def __init__(self, cmd, env=None, cwd=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
+        self.cmd = cmd
+        self._output = tempfile.TemporaryFile(mode="w+", errors="replace")
+        self.proc = subprocess.Popen(cmd, stdout=self._output, stderr=subprocess.STDOUT,
+                                     text=True, env=full_env, cwd=cwd or REPO,
+                                     start_new_session=True)
+
+    def finish(self, timeout):
+        """Wait up to `timeout` s (then kill the group and fail); the CompletedProcess.
+
+        The output is recorded for the failure report (:func:`job_report`)."""
+        try:
+            self.proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            self.kill()
+            timed_out = True
+        self._output.seek(0)
+        out = self._output.read()
+        self._output.close()
+        record_job(self.cmd, out)
+        if timed_out:
+            pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, self.cmd))}")
+        return subprocess.CompletedProcess(self.cmd, self.proc.returncode, out, None)
+
+    def kill(self):
+        """SIGKILL the whole process group (if it still runs) and reap the launcher."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
 def run_command(cmd, timeout, env=None, cwd=None):
     """Run `cmd` in its own process group; on timeout kill the whole group and fail.
 
     A hung collective must fail the test, not block CI. The output is recorded for the
     failure report (:func:`job_report`).
     """
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=cwd or REPO, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        record_job(cmd, out)
-        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}")
-    record_job(cmd, out)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    return StartedCommand(cmd, env=env, cwd=cwd).finish(timeout)
 
 
 def assert_arrays_close(a, b, tol=0.0, what=""):

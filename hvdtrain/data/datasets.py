@@ -61,7 +61,8 @@ class Dataset:
 
 def load_dataset(name: str, data_dir: Optional[str] = None, image_size: Optional[int] = None):
     """Load dataset `name` ('cifar10', 'digits' or 'synthetic'), or open the image folder
-    or RecordIO pack in `data_dir` ('imagefolder', 'recordio'; images at `image_size`)."""
+    or RecordIO pack in `data_dir` ('imagefolder', 'recordio'; images at `image_size`).
+    `image_size` also sets the side of synthetic's random images (default 32)."""
     if name in ("imagefolder", "recordio"):
         from .streamed import load_images
         return load_images(name, data_dir, image_size)
@@ -70,7 +71,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, image_size: Optional
         return load_cifar10(data_dir)
     if name == "digits":
         return load_digits()
-    return make_synthetic()
+    return make_synthetic(image_size=image_size or SYNTHETIC_SIZE)
 
 
 def check_dataset(name: str, data_dir: Optional[str] = None) -> None:
@@ -163,10 +164,26 @@ def load_digits() -> Dataset:
                    num_classes=10)
 
 
-def make_synthetic(num_train: int = 8192, num_test: int = 1024, seed: int = 0) -> Dataset:
-    """Random uint8 images of CIFAR shape and random labels, for throughput runs."""
+SYNTHETIC_SIZE = 32
+# Larger synthetic images come in fewer copies: the training split stays within this many
+# bytes (1782 images at 224), so a throughput run at ImageNet's size fits any host.
+SYNTHETIC_BYTES = 256 * 2**20
+
+
+def make_synthetic(num_train: Optional[int] = None, num_test: Optional[int] = None,
+                   seed: int = 0, image_size: int = SYNTHETIC_SIZE) -> Dataset:
+    """Random uint8 images and random labels, for throughput runs: no decoding and no
+    augmentation, so a run on them measures the model and the exchange alone (at
+    `image_size`, a run's figure without its input work: docs/data.md).
+
+    By default 8192 training images (fewer above 32 pixels: at most ``SYNTHETIC_BYTES``)
+    and an eighth as many test images."""
     rng = np.random.default_rng(seed)
-    shape = (3, 32, 32)
+    shape = (3, image_size, image_size)
+    if num_train is None:
+        num_train = max(64, min(8192, SYNTHETIC_BYTES // int(np.prod(shape))))
+    if num_test is None:
+        num_test = max(8, num_train // 8)
     return Dataset("synthetic",
                    rng.integers(0, 256, size=(num_train,) + shape, dtype=np.uint8),
                    rng.integers(0, 10, size=num_train).astype(np.int32),

@@ -132,6 +132,8 @@ def localize(argv, workspace):
         out.append(str(workspace / word) if word.startswith("runs/") else word)
     if any(w in ("imagefolder", "recordio") for w in argv) and "--image-size" not in argv:
         out += ["--image-size", "32", "--max-steps", "2"]  # a model-zoo net at 224: minutes
+    elif "synthetic" in argv and "--image-size" in out:
+        out[out.index("--image-size") + 1] = "32"  # the same reason
     return out
 
 

@@ -7,35 +7,59 @@ import sys
 
 import pytest
 
-from helpers import run_command
+from helpers import StartedCommand
 from jobs import DIGITS, launcher
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo"])
-def test_a_library_program_whose_rank_0_pauses_200_s_finishes(name):
+GLOO_AND_MPI = ["horovodrun", "horovodrun-gloo"]
+PAUSE_S, SLOW_CHECKPOINT_S = 200, 150
+
+
+@pytest.fixture(scope="module")
+def paused_jobs(tmp_path_factory):
+    """The module's four jobs (two programs x MPI and Gloo), started together: each spends
+    minutes waiting on a paused rank 0, so running them side by side costs the suite one
+    pause instead of four (they sleep rather than compute). {(program, launcher): (the
+    started command, its folder)}."""
+    jobs = {}
+    for name in GLOO_AND_MPI:
+        jobs[("library", name)] = (StartedCommand(launcher(name) + [
+            sys.executable, os.path.join(HERE, "paused_program.py"), str(PAUSE_S)]), None)
+        folder = tmp_path_factory.mktemp(f"slow-checkpoint-{name}")
+        jobs[("checkpoint", name)] = (StartedCommand(launcher(name) + [
+            sys.executable, os.path.join(HERE, "slow_storage_worker.py"),
+            str(SLOW_CHECKPOINT_S), str(folder), *DIGITS, "--model", "mlp", "--batch-size",
+            "32", "--epochs", "2", "--stall-timeout", "60", "--output-dir",
+            str(folder / "run")]), folder)
+    yield jobs
+    for started, _ in jobs.values():
+        started.kill()  # a test that failed early leaves nothing running
+
+
+@pytest.mark.parametrize("name", GLOO_AND_MPI)
+def test_a_library_program_whose_rank_0_pauses_200_s_finishes(name, paused_jobs):
     """README's library API (`import hvdtrain; mx.kv.create('horovod')`): the store sets no
     stall shutdown of its own, so a 200 s pause between two pushpulls is only slow (under
     Gloo too: Horovod's background threads keep exchanging while rank 0 pauses)."""
-    proc = run_command(launcher(name) + [
-        sys.executable, os.path.join(HERE, "paused_program.py"), "200"], timeout=900)
+    started, _ = paused_jobs[("library", name)]
+    proc = started.finish(timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"rank 0 pauses {PAUSE_S} s" in proc.stdout
     # ones * (rank + 1) summed over ranks 0 and 1, before and after the pause
     assert "rank 0 sums 3 3" in proc.stdout and "rank 1 sums 3 3" in proc.stdout
 
 
-@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo"])
-def test_a_checkpoint_slower_than_the_stall_timeout_is_not_a_stall(name, tmp_path):
+@pytest.mark.parametrize("name", GLOO_AND_MPI)
+def test_a_checkpoint_slower_than_the_stall_timeout_is_not_a_stall(name, paused_jobs):
     """--stall-timeout 60, rank 0's first checkpoint takes 150 s more: rank 0 is busy, rank
     1 waits in the next allreduce hearing that through the pulse; the run finishes in one
     go (nothing resumed) with every step and checkpoint."""
+    started, tmp_path = paused_jobs[("checkpoint", name)]
     out = tmp_path / "run"
-    proc = run_command(launcher(name) + [
-        sys.executable, os.path.join(HERE, "slow_storage_worker.py"), "150", str(tmp_path),
-        *DIGITS, "--model", "mlp", "--batch-size", "32", "--epochs", "2",
-        "--stall-timeout", "60", "--output-dir", str(out)], timeout=900)
+    proc = started.finish(timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "slow storage: this checkpoint takes 150 s more" in proc.stdout
     assert "no progress on any rank" not in proc.stdout and "resumed" not in proc.stdout

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hvdtrain.data.datasets import (CIFAR_RECORD, DatasetError, load_cifar10, load_dataset, load_digits,
-                           make_synthetic, write_cifar_files)
+                           SYNTHETIC_BYTES, make_synthetic, write_cifar_files)
 from hvdtrain.data.loader import BatchLoader, normalize, random_crop_flip
 from hvdtrain.data.sampler import SplitSampler
 
@@ -81,3 +81,15 @@ def test_loader_batches_follow_the_sampler(data_workers):
     inline = list(BatchLoader(data.train_x, data.train_y, sampler, 8, augment=True,
                               mean=data.mean, std=data.std, data_workers=0, seed=5))
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(batches, inline))
+
+
+def test_synthetic_images_take_the_image_size_within_a_memory_bound():
+    """`--dataset synthetic --image-size 224` (a run's figure without its input work) must
+    not allocate 8192 ImageNet-sized images (4.6 GiB) as the 32-pixel default does."""
+    default = load_dataset("synthetic")
+    assert default.image_shape == (3, 32, 32) and default.num_train == 8192
+    assert default.num_test == 1024
+    large = load_dataset("synthetic", image_size=224)
+    assert large.image_shape == (3, 224, 224)
+    assert 64 <= large.num_train and large.train_x.nbytes <= SYNTHETIC_BYTES
+    assert large.num_test == large.num_train // 8 and large.test_x.shape[1:] == (3, 224, 224)
