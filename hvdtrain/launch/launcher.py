@@ -23,7 +23,8 @@ from typing import Dict, List, Optional
 from ..config import ConfigError
 from .hostfile import Host, read_hostfile
 from .remote import SCHEDULER_PROCESS, dmlc_env
-from .runner import command_argv, runner_argv
+from .command import command_argv
+from .runner import runner_argv
 from .supervise import Job, Member
 
 # Passed to every process (remote ones too) so that a command found here is found there.

@@ -1,19 +1,12 @@
 """Run the user's command in one worker or server of a parameter-server job, as it runs alone.
 
 ``hvdtrain-launch`` starts every worker and server as ``python .../hvdtrain/launch/runner.py --
-COMMAND...`` (run by path, standard library only, like ``remote.py``). That first stage looks
-at COMMAND on the host where it runs and replaces itself (``exec``) with:
-
-- for a Python program (``python3 [options] script.py``, ``python3 -m module``,
-  ``python3 -c code``, or a file whose ``#!`` line names Python, such as the ``hvdtrain``
-  console script): the program's own interpreter running this file again,
-  ``python3 [options] runner.py --run KIND TARGET ARGS...``, which runs TARGET with
-  :mod:`runpy` as Python would (``sys.argv``, ``sys.path[0]``, ``__main__``);
-- for anything else (a shell script, a binary): COMMAND itself, untouched;
-- for COMMAND given as one string with spaces (``"python3 prog.py"``, the form of MXNet's
-  ``launch.py``, which joins its arguments and runs them through bash): the words of a
-  simple command as bash would split them, or ``bash -c STRING`` when it uses shell syntax
-  (pipes, variables, ``;``, globs).
+COMMAND...`` (run by path, standard library only, like ``remote.py``). That first stage is
+``command.py`` (beside this file): it reads COMMAND on the host where it runs and replaces
+itself (``exec``) with the program, a Python program being run as
+``python3 [options] runner.py --run KIND TARGET ARGS...``, which runs TARGET with :mod:`runpy`
+as Python would (``sys.argv``, ``sys.path[0]``, ``__main__``); a command with shell syntax runs
+under ``bash -c`` with its Python programs routed here too (see ``command.py``).
 
 Why: a worker program that fails would hang at interpreter exit, because the finalizer of
 MXNet's dist KVStore waits at a ps-lite barrier for the other workers, which wait in a pull
@@ -29,18 +22,12 @@ ignore (e.g. the optimizer the workers sent cannot be unpickled), into one line 
 and refuses a program that ends without ever importing ``mxnet``.
 """
 import os
-import re
 import runpy
-import shlex
-import shutil
 import sys
 
 RUNNER = os.path.abspath(__file__)
-# Interpreter flags that take no value and keep the program a plain script run.
-_PLAIN_FLAGS = set("bBdEIOqsSuv")
-_FLAGS_WITH_VALUE = ("-W", "-X")
-_SHELL_SYNTAX = set("|&;<>()$`\\*?[]{}~#!\n")
 _SERVER_MODULE = "mxnet.kvstore.kvstore_server"
+_STATUS_FD = "HVDTRAIN_LAUNCH_STATUS_FD"  # command.STATUS_FD (this file imports no sibling)
 _KEPT = []  # the program's globals, freed at shutdown as they would be alone
 
 
@@ -49,85 +36,14 @@ def runner_argv(command, python=sys.executable):
     return [python, RUNNER, "--"] + list(command)
 
 
-def command_argv(command):
-    """`command` as an argv: one string with spaces is read as ``launch.py`` reads it (by bash):
-    split into words when it is a simple command, else ``bash -c STRING``."""
-    if len(command) != 1 or not any(c.isspace() for c in command[0]):
-        return list(command)
-    text = command[0].strip()
-    words = text.split()
-    if any(c in _SHELL_SYNTAX for c in text) or "=" in words[0]:
-        return ["bash", "-c", text]
-    return shlex.split(text)
-
-
-def is_python(program):
-    return re.fullmatch(r"python[0-9.]*", os.path.basename(program)) is not None
-
-
-def _python_args(argv):
-    """(interpreter argv, kind, target, args) of ``python [options] script|-m mod|-c code``, or
-    None for a form run as is (``-i``, ``-x``, stdin, combined options)."""
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-m", "-c") and i + 1 < len(argv):
-            return argv[:i], "module" if arg == "-m" else "code", argv[i + 1], argv[i + 2:]
-        if arg in _FLAGS_WITH_VALUE:
-            i += 2
-        elif arg.startswith(_FLAGS_WITH_VALUE) or (
-                arg.startswith("-") and not arg.startswith("--") and len(arg) > 1
-                and set(arg[1:]) <= _PLAIN_FLAGS):
-            i += 1
-        elif arg.startswith("-"):
-            return None
-        else:
-            return argv[:i], "script", arg, argv[i + 1:]
-    return None
-
-
-def _shebang(path):
-    """The interpreter argv of `path`'s ``#!`` line, or None."""
-    try:
-        with open(path, "rb") as src:
-            line = src.readline(256)
-    except OSError:
-        return None
-    if not line.startswith(b"#!"):
-        return None
-    parts = line[2:].decode(errors="replace").strip().split(None, 1)
-    return parts or None
-
-
-def plan(argv):
-    """How to run `argv`: (interpreter argv, kind, target, args) for a Python program, None
-    for a program run as is."""
-    if is_python(argv[0]):
-        return _python_args(argv)
-    path = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
-    interpreter = _shebang(path) if path else None
-    if not interpreter:
-        return None
-    if os.path.basename(interpreter[0]) == "env" and len(interpreter) == 2:
-        interpreter = interpreter[1:]  # "#!/usr/bin/env python3": python3 from PATH
-    if not is_python(interpreter[0]) or any(" " in a for a in interpreter[1:]):
-        return None
-    return interpreter, "script", path, argv[1:]
-
-
-def start(command):
-    """First stage: replace this process with `command`, through the runner when it is a
-    Python program."""
-    argv = command_argv(command)
-    how = plan(argv)
-    if how is not None:
-        interpreter, kind, target, args = how
-        argv = interpreter + [RUNNER, "--run", kind, target] + args
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as err:
-        print(f"hvdtrain-launch: cannot run {argv[0]}: {err.strerror}", file=sys.stderr)
-        return 127 if isinstance(err, FileNotFoundError) else 126
+def _first_stage():
+    """``command.py`` beside this file, loaded by path (this file runs outside any package)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    spec = importlib.util.spec_from_file_location(
+        "hvdtrain_launch_command", os.path.join(os.path.dirname(RUNNER), "command.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def exit_code(code):
@@ -153,6 +69,32 @@ def skip_exit_barriers():
     for obj in gc.get_objects():
         if isinstance(obj, kvstore.KVStore):
             lib.MXKVStoreSetBarrierBeforeExit(obj.handle, ctypes.c_int(0))
+
+
+def _status_channel():
+    """(report fd, reply fd) of a shell command's first stage (command.py), kept from the
+    program's children; None when the command is the program itself."""
+    fds = os.environ.pop(_STATUS_FD, None)
+    try:
+        channel = tuple(int(fd) for fd in fds.split(","))
+        for fd in channel:
+            os.set_inheritable(fd, False)
+        return channel
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _failed(status, channel):
+    """Let the program exit with `status` without ps-lite's barrier. In a shell command, tell
+    its first stage, which ends the command (a shell would go on after ``;`` or in a pipe),
+    and wait until it has stopped the shell."""
+    skip_exit_barriers()
+    if channel is not None:
+        try:
+            os.write(channel[0], f"{status} {os.getpid()}\n".encode())
+            os.read(channel[1], 64)
+        except OSError:
+            pass
 
 
 def _user_traceback(tb):
@@ -195,17 +137,18 @@ def run(kind, target, args):
     server = os.environ.get("DMLC_ROLE") == "server"
     if server:
         _watch_server_callbacks()
+    channel = _status_channel()
     sys.argv = ["-c" if kind == "code" else target] + list(args)
     try:
         kept = _run_target(kind, target)  # its globals live until shutdown, as alone
     except SystemExit as stop:
         if exit_code(stop.code):
-            skip_exit_barriers()
+            _failed(exit_code(stop.code), channel)
         elif server and not _from_server(stop.__traceback__):
             _not_a_server()
         raise
     except BaseException as exc:  # pylint: disable=broad-except
-        skip_exit_barriers()
+        _failed(130 if isinstance(exc, KeyboardInterrupt) else 1, channel)
         tb = _user_traceback(exc.__traceback__)
         exc.with_traceback(tb)  # Python prints the exception's own traceback, not `tb`
         if isinstance(exc, KeyboardInterrupt):
@@ -237,7 +180,7 @@ def _not_a_server():
 
 def main(argv):
     if argv[:1] == ["--"] and len(argv) > 1:
-        return start(argv[1:])
+        return _first_stage().start(argv[1:], RUNNER)
     if argv[:1] == ["--run"] and len(argv) >= 3:
         _KEPT.append(run(argv[1], argv[2], argv[3:]))
         return 0

@@ -1,7 +1,8 @@
 """A parameter-server worker program using MXNet alone (not hvdtrain), for hvdtrain-launch.
 
 Worker 1 fails at its 5th step as PS_PROGRAM_FAIL says: ``raise`` (an uncaught exception)
-or ``exit`` (``sys.exit(3)``); unset, both workers finish. The other worker meanwhile
+or ``exit`` (``sys.exit(3)``); unset, both workers finish (and say the value of PS_PROGRAM_NOTE
+when it is set). The other worker meanwhile
 waits in a pushpull for worker 1's push, as a real training step would.
 """
 import os
@@ -29,6 +30,8 @@ def main():
         out.wait_to_read()
         time.sleep(0.05)
     print(f"worker {store.rank} done: {out.asnumpy().tolist()}", flush=True)
+    if "PS_PROGRAM_NOTE" in os.environ:
+        print(f"worker {store.rank} note: {os.environ['PS_PROGRAM_NOTE']}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """MXNet's parameter server through hvdtrain-launch: local, ssh (loopback hosts) and mpi."""
 import os
+import shlex
 import signal
 import sys
 import time
@@ -191,3 +192,33 @@ def test_mistyped_worker_command_is_one_line_and_leaves_nothing(launcher_kind):
     assert proc.returncode == 2, out
     assert lines == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "
                      "on PATH (a typo?)"]
+
+
+PS_PROGRAM = shlex.join([sys.executable, os.path.join(HERE, "ps_program.py")])
+
+
+@pytest.mark.parametrize("command,status", [
+    (f"PS_PROGRAM_FAIL=raise {PS_PROGRAM}", 1),  # launch.py's form with a variable
+    (f"cd {shlex.quote(HERE)} && PS_PROGRAM_FAIL=exit {PS_PROGRAM}; echo went-on", 3),
+    (f"PS_PROGRAM_FAIL=raise {PS_PROGRAM} | cat", 1),
+    (f"PS_PROGRAM_NOTE='seen by the program' {PS_PROGRAM}", 0)],
+    ids=["assignment", "and-then-semicolon", "pipe", "assignment-passes"])
+def test_a_quoted_command_runs_as_launch_py_runs_it_and_a_failure_ends_the_job(command,
+                                                                             status):
+    # One quoted string, as MXNet's docs write it; launch.py runs it through bash. Without the
+    # runner in the path, worker 1's failure hangs in ps-lite's finalizer (an exit barrier)
+    # and the job never ends, so the bound is reap's timeout, generous for start-up under load.
+    tag = uuid.uuid4().hex
+    proc = tagged_launch(ps_launch("-n", "2", "-s", "1", "--env", "HVDTRAIN_TEST_TAG",
+                                   command), tag)
+    out = reap(proc, tag, timeout=180)  # a hang fails here; so does a process left behind
+    assert proc.returncode == status, out[-3000:]
+    lines = [l for l in out.splitlines() if l.startswith("hvdtrain-launch:")]
+    if status:
+        assert len(lines) == 1, out[-3000:]
+        assert lines[0].endswith(f"exited with status {status}; stopping the job"), lines
+        assert "went-on" not in out, out[-3000:]  # the shell went no further
+    else:
+        assert lines == [], out[-3000:]
+        assert out.count("done: [2.0, 2.0, 2.0, 2.0]") == 2, out[-3000:]
+        assert out.count("note: seen by the program") == 2, out[-3000:]

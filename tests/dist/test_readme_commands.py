@@ -20,7 +20,7 @@ from helpers import BIN, REPO, run_command
 from hvdtrain.cli import parse_config
 from hvdtrain.data.datasets import write_cifar_files
 from hvdtrain.launch.launcher import parse_args as parse_launch_args
-from hvdtrain.launch.runner import command_argv
+from hvdtrain.launch.command import command_argv
 from hvdtrain.check.preflight import build_parser as preflight_parser
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts

@@ -9,7 +9,8 @@ import pytest
 
 from hvdtrain.launch.launcher import members, parse_args, plan
 from hvdtrain.launch.remote import SCHEDULER_PROCESS
-from hvdtrain.launch.runner import RUNNER, command_argv, plan as run_plan, runner_argv
+from hvdtrain.launch.command import command_argv, plan as run_plan, split_command
+from hvdtrain.launch.runner import RUNNER, runner_argv
 
 # A stand-in for MXNet with its contract: a KVStore whose finalizer blocks (ps-lite's exit
 # barrier, waiting for peers) unless MXKVStoreSetBarrierBeforeExit(handle, 0) was called.
@@ -137,8 +138,34 @@ def test_a_command_given_as_one_string_is_read_as_bash_reads_it():
     assert command_argv(["python3 prog.py --lr 0.1"]) == ["python3", "prog.py", "--lr", "0.1"]
     assert command_argv(["python3 'my prog.py'"]) == ["python3", "my prog.py"]
     assert command_argv(["python3 a.py | tee log"]) == ["bash", "-c", "python3 a.py | tee log"]
-    assert command_argv(["OMP_NUM_THREADS=1 python3 a.py"])[:2] == ["bash", "-c"]
     assert command_argv(["python3", "a b.py"]) == ["python3", "a b.py"]  # argv: as given
+    # Leading assignments (bash's, or env's) go to the program's environment.
+    assert split_command(["OMP_NUM_THREADS=1 A='x y' python3 a.py"]) == (
+        {"OMP_NUM_THREADS": "1", "A": "x y"}, ["python3", "a.py"])
+    assert split_command(["env", "A=1", "python3", "a.py"]) == ({"A": "1"}, ["python3", "a.py"])
+    assert split_command(["A=$HOME python3 a.py"]) == ({}, ["bash", "-c", "A=$HOME python3 a.py"])
+
+
+SHELL_FORMS = [("python3 prog.py; echo after", 3), ("python3 prog.py && echo after", 3),
+               ("python3 prog.py | cat", 3), ("true && FOO=1 python3 prog.py || echo retry", 3),
+               ("echo fine; python3 -c 'print(1)'", 0)]
+
+
+@pytest.mark.parametrize("command,status", SHELL_FORMS)
+def test_a_failing_python_program_in_a_shell_command_ends_it_with_its_status(
+        command, status, tmp_path, fake_mxnet):
+    # With the blocking finalizer, a Python program run by the shell alone would hang; run
+    # through the runner it exits, and the shell command ends with its status at once, even
+    # where the shell would go on ('; echo after', a pipe, '|| echo retry').
+    (tmp_path / "prog.py").write_text(PROGRAM.format(fail="sys.exit(3)"))
+    proc = run(runner_argv([command]), tmp_path, fake_mxnet)
+    assert proc.returncode == status, proc.stderr
+    assert "after" not in proc.stdout and "retry" not in proc.stdout, proc.stdout
+    if status:
+        assert proc.stdout.startswith("finally ran\natexit ran\n"), proc.stdout
+        assert (tmp_path / "out.txt").read_text() == "buffered"
+        with pytest.raises(subprocess.TimeoutExpired):  # the reference: bash alone hangs
+            run(["bash", "-c", command], tmp_path, fake_mxnet, timeout=10)
 
 
 def test_which_commands_run_through_the_runner(tmp_path):
