@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+from collections import Counter
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -237,4 +238,12 @@ def record_classes(data_dir: str) -> Optional[List[str]]:
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as src:
-        return [line.rstrip("\n") for line in src if line.strip()]
+        names = [line.rstrip("\n") for line in src if line.strip()]
+    if not names:
+        raise DatasetError(f"{path} is empty: it must name the classes, one a line in label "
+                           f"order (re-pack with hvdtrain-pack, or remove it to number them)")
+    repeated = sorted(name for name, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise DatasetError(f"{path} names {', '.join(repeated[:3])} more than once: each "
+                           f"label needs a class name of its own")
+    return names

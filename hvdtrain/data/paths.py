@@ -20,12 +20,20 @@ def scan(folder: str) -> List[os.DirEntry]:
 def entry_is(entry: os.DirEntry, kind: str) -> bool:
     """Whether `entry` is a file (or folder), following symbolic links.
 
-    A link that cannot be followed (a loop: ELOOP; no permission) stops with one line naming
+    A link that cannot be followed (a loop: ELOOP; no permission; a target that does not
+    exist) stops with one line naming
     it rather than being skipped: unlike a corrupt image met mid-epoch, it is a layout error
     found before training, fixed in a second, and skipping it would silently change the
     sample count (torchvision's ImageFolder lists such an entry and fails when it reads it)."""
     try:
-        return entry.is_file() if kind == "file" else entry.is_dir()
+        found = entry.is_file() if kind == "file" else entry.is_dir()
+        if not found and entry.is_symlink() and not os.path.exists(entry.path):
+            # is_file()/is_dir() say False for a link to nothing (an unmounted share):
+            # the same layout error, which would drop a class or its images unsaid.
+            raise DatasetError(f"cannot follow {entry.path}: it links to "
+                               f"{os.readlink(entry.path)}, which does not exist; mount "
+                               f"it, or remove or fix that link")
+        return found
     except OSError as err:
         raise DatasetError(f"cannot follow {entry.path}: {err.strerror}; remove or fix "
                            f"that link") from None

@@ -66,6 +66,32 @@ def test_a_symlinked_class_folder_loop_is_one_line(folder_copy, capfd):
     assert f"cannot follow {link}" in line, line
 
 
+@pytest.mark.parametrize("where", ["class folder", "image"])
+def test_a_link_to_nothing_is_one_line_not_a_silent_drop(folder_copy, capfd, where):
+    """A class folder (or image) linked from a share that is not mounted: is_dir() and
+    is_file() just say False, which dropped the class (every later label moved by one)."""
+    if where == "class folder":
+        links = [os.path.join(folder_copy, split, "digitA") for split in ("train", "val")]
+    else:
+        links = [os.path.join(folder_copy, "train", "digit3", "remote.jpg")]
+    for link in links:
+        os.symlink("/mnt/not-mounted/x", link)
+    line = _refusal("imagefolder", folder_copy, capfd)
+    assert f"cannot follow {links[0]}" in line and "/mnt/not-mounted/x" in line, line
+    assert "does not exist" in line, line
+
+
+@pytest.mark.parametrize("content,needle", [("", "is empty"), ("\n\n", "is empty"),
+                                            ("a\nb\na\n", "names a more than once")])
+def test_an_empty_or_repeating_class_list_is_refused(pack_copy, capfd, content, needle):
+    """An empty classes.txt was taken for a missing one (classes numbered, a wrong warning);
+    a repeated name trained two outputs under one name."""
+    with open(os.path.join(pack_copy, "classes.txt"), "w") as out:
+        out.write(content)
+    line = _refusal("recordio", pack_copy, capfd)
+    assert "classes.txt" in line and needle in line, line
+
+
 @pytest.mark.parametrize("cut", ["half", "inside the last record"])
 def test_a_truncated_rec_is_refused_at_open(pack_copy, capfd, cut):
     rec = os.path.join(pack_copy, "train.rec")

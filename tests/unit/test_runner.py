@@ -1,6 +1,7 @@
 """runner.py: how hvdtrain-launch runs a worker's or server's command (replaces the old
 worker_hook/sitecustomize tests: exit status, finally/atexit, shadowed sitecustomize)."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -60,8 +61,18 @@ def fake_mxnet(tmp_path):
 
 
 def run(argv, cwd, pythonpath, env=None, timeout=60):
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=pythonpath, **(env or {})))
+    """subprocess.run in a session of its own: on timeout (the hanging references) the
+    whole group is killed, or bash's stuck Python child would outlive the suite."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=pythonpath, **(env or {})))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize("fail,status", [("sys.exit(3)", 3), ("exit(4)", 4),
