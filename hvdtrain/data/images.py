@@ -190,7 +190,7 @@ def open_folder(data_dir: str) -> Tuple[List[str], FolderSplit, FolderSplit]:
     splits = {}
     for split in SPLITS:
         folder = os.path.join(data_dir, split)
-        check_folder(folder, f"--dataset imagefolder needs {folder}/<class>/*.jpg:")
+        check_folder(folder, f"an image folder needs {folder}/<class>/*.jpg:")
         splits[split] = class_names(folder)
     classes = splits["train"]
     if not classes:

@@ -69,14 +69,16 @@ def run(argv: Optional[List[str]] = None) -> int:
     try:
         counts = pack_folder(args.images_dir, args.pack_dir)
     except (DatasetError, OSError) as err:
-        text = getattr(err, "strerror", None) or str(err)
+        text = str(err)
+        if isinstance(err, OSError) and err.strerror:  # e.g. PACK_DIR is a file
+            text = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
         print(f"hvdtrain-pack: error: {text}", file=sys.stderr)
         return 2
     (train, train_skipped), (val, val_skipped) = counts
     skipped = train_skipped + val_skipped
     print(f"packed {train} train and {val} val images into {args.pack_dir}"
           + (f"; skipped {skipped} that cannot be decoded ({train_skipped} train, "
-             f"{val_skipped} val; named above)" if skipped else ""))
+             f"{val_skipped} val; each named in a warning)" if skipped else ""))
     return 0
 
 

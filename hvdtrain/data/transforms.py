@@ -97,7 +97,11 @@ def open_image(encoded: bytes, what: str) -> Encoded:
         with Image.open(io.BytesIO(encoded)) as image:
             return Encoded(encoded, image.size, image.format)
     except Exception as err:  # Pillow raises many kinds for bad files
-        raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
+        # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" names our
+        # buffer, not the file: `what` names the file.
+        reason = "not an image format Pillow or OpenCV reads" \
+            if type(err).__name__ == "UnidentifiedImageError" else f"{type(err).__name__}: {err}"
+        raise BadSample(f"{what}: cannot decode ({reason})") from None
 
 
 def _decode(image: Encoded, reduce: int, what: str) -> np.ndarray:

@@ -123,3 +123,16 @@ def test_an_unusable_data_dir_says_what_is_wrong(folder_copy, tmp_path, capfd, m
                             else real(p, m, **kw))
     line = _refusal("imagefolder", root, capfd)
     assert f"--data-dir {root} {needle}" in line, line
+
+
+def test_pack_errors_name_the_path(digit_images, tmp_path, capsys):
+    """hvdtrain-pack into a file (or a folder it cannot make) said only "File exists"."""
+    from hvdtrain.data.pack import run
+    taken = tmp_path / "a-file"
+    taken.write_text("x")
+    assert run([digit_images[0], str(taken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hvdtrain-pack: error: ") and str(taken) in err and "\n" not in err
+    assert run([str(tmp_path / "nowhere"), str(tmp_path / "pack")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "an image folder needs" in err and "--dataset" not in err, err
