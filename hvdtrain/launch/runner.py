@@ -120,6 +120,12 @@ def _watch_server_callbacks(previous=sys.unraisablehook):
 
 def _run_target(kind, target):
     if kind == "script":
+        if not os.path.exists(target):  # as Python itself says it, with its status 2
+            python = getattr(sys, "orig_argv", [sys.executable])[0]  # as it was invoked
+            print(f"{python}: can't open file "
+                  f"{os.path.abspath(target)!r}: [Errno 2] No such file or directory",
+                  file=sys.stderr)
+            raise SystemExit(2)
         if not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
             sys.path[0] = os.path.dirname(os.path.realpath(target))
         return runpy.run_path(target, run_name="__main__")

@@ -205,3 +205,11 @@ def test_servers_and_workers_run_the_users_command_the_scheduler_mxnet_alone():
     assert argvs["scheduler"] == SCHEDULER_PROCESS
     for name in ("server 0", "worker 0", "worker 1"):
         assert argvs[name] == [sys.executable, RUNNER, "--", "python3", "train.py"]
+
+
+def test_a_missing_script_fails_as_python_alone_does(tmp_path, fake_mxnet):
+    """Python says "can't open file" and exits 2; the runner said FileNotFoundError, 1."""
+    alone = run([sys.executable, "nope.py"], tmp_path, fake_mxnet)
+    through = run(runner_argv([sys.executable, "nope.py"]), tmp_path, fake_mxnet)
+    assert through.returncode == alone.returncode == 2
+    assert through.stderr.strip() == alone.stderr.strip(), (through.stderr, alone.stderr)
