@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from helpers import run_command, tool
+from helpers import run_command, split_by_process, tool
 from jobs import DIGITS, JOB_TIMEOUT, assert_same_params, launcher, run_ranks
 
 pytestmark = pytest.mark.dist
@@ -87,17 +87,23 @@ def test_dist_async_resumes_with_two_workers(tmp_path):
 
 def test_a_folder_in_use_is_refused_on_every_rank(tmp_path):
     """Every rank sees the lock before it reads anything (a run that only learned of it at
-    rank 0 would leave the others waiting for rank 0 at the next collective); a lock taken
-    later still, between that look and rank 0's claim, reaches them through one collective."""
+    rank 0 would leave the others waiting for rank 0 at the next collective). Rank 0 starts
+    5 s late, so rank 1 meets the lock alone and must refuse by itself; the first rank to
+    exit makes Gloo's launcher terminate the other, so rank 0 may be stopped before it
+    prints, but may do nothing else."""
     out = tmp_path / "run"
     out.mkdir()
+    rank_0_late = 'if [ "$HOROVOD_RANK" = 0 ]; then sleep 5; fi; exec "$0" "$@"'
     with open(out / ".hvdtrain.lock", "a+") as held:  # another run's lock
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         proc = run_command(launcher("horovodrun-gloo") + [
-            tool("hvdtrain"), *FLAGS, "--epochs", "1", "--output-dir", str(out)],
-            timeout=JOB_TIMEOUT)
+            "sh", "-c", rank_0_late, tool("hvdtrain"), *FLAGS, "--epochs", "1",
+            "--output-dir", str(out)], timeout=JOB_TIMEOUT)
     assert proc.returncode != 0
-    refusals = [l for l in proc.stdout.splitlines() if "hvdtrain: error:" in l]
-    assert len(refusals) == 2, proc.stdout[-3000:]
-    assert all("is in use by another run" in l for l in refusals)
+    said = {who: [l for l in lines if l.strip()]
+            for who, lines in split_by_process(proc.stdout).items()}
+    refusal = [f"hvdtrain: error: --output-dir {out} is in use by another run (another "
+               "process): wait for it to end, or give another --output-dir"]
+    assert said.get("rank 1") == refusal, proc.stdout[-3000:]
+    assert said.get("rank 0", []) in ([], refusal, ["Terminated"]), proc.stdout[-3000:]
     assert sorted(os.listdir(out)) == [".hvdtrain.lock"]
