@@ -27,6 +27,12 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 SPLITS = ("train", "val")
 RECORD_MAGIC = 0xCED7230A
 RECORD_HEAD = struct.Struct("<II")  # magic, (continuation flag << 29) | length
+
+
+def record_head(head: bytes) -> Tuple[int, int, int]:
+    """(magic, continuation flag, payload length) of a record's 8-byte head."""
+    magic, word = RECORD_HEAD.unpack_from(head)
+    return magic, word >> 29, word & ((1 << 29) - 1)
 IR_HEADER = struct.Struct("<IfQQ")  # MXNet's IRHeader: flag, label, id, id2
 
 
@@ -105,8 +111,8 @@ class RecordSplit:
         last = int(self.offsets.max())
         head = os.pread(self.fd, RECORD_HEAD.size, last)
         end = last + RECORD_HEAD.size
-        if len(head) == RECORD_HEAD.size and RECORD_HEAD.unpack(head)[0] == RECORD_MAGIC:
-            end += RECORD_HEAD.unpack(head)[1] & ((1 << 29) - 1)  # else: one damaged record
+        if len(head) == RECORD_HEAD.size and record_head(head)[0] == RECORD_MAGIC:
+            end += record_head(head)[2]  # else: one damaged record
         if end > self._size:
             os.close(self.fd)
             raise DatasetError(f"{rec_path} is truncated: {idx_path} has a record at offset "
@@ -126,8 +132,7 @@ class RecordSplit:
             head = os.pread(self.fd, RECORD_HEAD.size, offset)
             if len(head) < RECORD_HEAD.size:
                 raise BadSample(f"{self.describe(index)}: truncated at offset {offset}")
-            magic, word = RECORD_HEAD.unpack(head)
-            flag, length = word >> 29, word & ((1 << 29) - 1)
+            magic, flag, length = record_head(head)
             if magic != RECORD_MAGIC or offset + RECORD_HEAD.size + length > self._size:
                 raise BadSample(f"{self.describe(index)}: no record at offset {offset} "
                                 f"(damaged pack, or .idx not made for this .rec)")

@@ -16,7 +16,7 @@ import numpy as np
 
 from .datasets import DatasetError
 from .images import (BadSample, IR_HEADER, RECORD_HEAD, RECORD_MAGIC, RecordSplit,
-                     record_classes)
+                     record_classes, record_head)
 
 logger = logging.getLogger("hvdtrain")
 
@@ -84,8 +84,8 @@ def label(split: RecordSplit, index: int) -> int:
     offset = int(split.offsets[index])
     head = os.pread(split.fd, RECORD_HEAD.size + IR_HEADER.size + 4, offset)
     if len(head) == RECORD_HEAD.size + IR_HEADER.size + 4:
-        magic, word = RECORD_HEAD.unpack_from(head)
-        if magic == RECORD_MAGIC and (word & ((1 << 29) - 1)) >= IR_HEADER.size + 4:
+        magic, _, length = record_head(head)
+        if magic == RECORD_MAGIC and length >= IR_HEADER.size + 4:
             flag, value, _, _ = IR_HEADER.unpack_from(head, RECORD_HEAD.size)
             if flag > 0:
                 value = struct.unpack_from("<f", head, RECORD_HEAD.size + IR_HEADER.size)[0]

@@ -98,10 +98,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     # An optimizer step takes `accumulate` micro-batches (the epoch's last step takes what
     # is left: every rank has the same number of micro-batches, so all step together).
     accumulate = loop.accumulate
-    micro_batches = len(loader)
+    micro_batches = len(loader)  # the epoch's rest after a resume
+    steps_left = -(-micro_batches // accumulate)
     # Steps of this epoch run before a resume (none in an epoch started afresh).
-    per_epoch = loop.steps_per_epoch or -(-micro_batches // accumulate)
-    done = max(per_epoch - -(-micro_batches // accumulate), 0)
+    per_epoch = loop.steps_per_epoch or steps_left
+    done = max(per_epoch - steps_left, 0)
     ran, steps, step_samples = 0, 0, 0
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
