@@ -107,19 +107,23 @@ def rank_pids(tag):
     return found
 
 
-def tagged_launch(cmd, tag):
+def tagged_launch(cmd, tag, record=True):
     """Start a launcher whose processes all carry HVDTRAIN_TEST_TAG=`tag`.
 
     Its output goes to a file (``proc.log_path``), not a pipe: a job the test waits on
     cannot block on a full pipe, and the failure report (helpers.job_report) can read what
-    it said so far at any moment."""
+    it said so far at any moment. A job a module fixture starts for a later test is not
+    recorded here (``record=False``): that test records it (``record_job(cmd,
+    path=proc.log_path)``), so the report and the log's removal are its own."""
     env = dict(os.environ, HVDTRAIN_TEST_TAG=tag)
     log = tempfile.NamedTemporaryFile(prefix="hvdtrain-job-", suffix=".log", delete=False)
     with log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     proc.log_path = log.name
-    record_job(cmd, path=log.name)
+    proc.cmd = cmd
+    if record:
+        record_job(cmd, path=log.name)
     return proc
 
 

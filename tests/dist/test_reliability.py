@@ -11,7 +11,8 @@ import uuid
 import numpy as np
 import pytest
 
-from helpers import folder_digest, main_in_process, run_command, split_by_process, tool
+from helpers import (folder_digest, main_in_process, record_job, run_command,
+                     split_by_process, tool)
 from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, rank_pids,
                   reap, role_pids, run_ranks, tagged_launch, tagged_pids)
 
@@ -82,7 +83,7 @@ def long_job():
         proc.wait()
 
 
-def start_long_job(name, extra=()):
+def start_long_job(name, extra=(), record=True):
     """Start a long digits run with two workers under launcher `name`; return the launcher
     process, the tag its processes carry, and the pids of the two training processes
     (rank or worker order) once both run. Use it through the `long_job` fixture."""
@@ -95,7 +96,7 @@ def start_long_job(name, extra=()):
         cmd = launcher(name) + (["-x", "HVDTRAIN_TEST_TAG"] if name == "mpirun" else []) \
             + LONG_RUN + list(extra)
         victims = lambda: [pid for _, pid in sorted(rank_pids(tag).items())]  # noqa: E731
-    proc = tagged_launch(cmd, tag)
+    proc = tagged_launch(cmd, tag, record)
     deadline = time.monotonic() + START_TIMEOUT
     while len(victims()) < 2:
         assert proc.poll() is None, f"the launcher exited ({proc.returncode}) before both ranks ran"
@@ -136,18 +137,46 @@ def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path, long_job):
     assert proc.returncode != 0
 
 
-@pytest.mark.slow  # each waits out a 30 s stall timeout after start-up
+@pytest.fixture(scope="module")
+def frozen_jobs(tmp_path_factory):
+    """One long job per launcher, each with rank 1 SIGSTOPped once it trains:
+    {launcher: (proc, tag, time of the SIGSTOP)}, or the reason its start failed.
+
+    They start one after another (start-ups share 2 cores badly), and each job's 30 s
+    stall timeout runs while the next one starts: the four tests wait out one timeout
+    between them, not four. Each test reaps its own job and reports its output."""
+    jobs, started = {}, []
+    for name in ALL_LAUNCHERS:
+        out_dir = tmp_path_factory.mktemp(f"frozen-{name}")
+        try:
+            proc, tag, ranks = start_long_job(name, ["--stall-timeout", "30", "--output-dir",
+                                                     str(out_dir)], record=False)
+            started.append((proc, tag))
+            _wait_for_training(proc, out_dir)
+            os.kill(ranks[1], signal.SIGSTOP)
+            jobs[name] = (proc, tag, time.monotonic())
+        except (AssertionError, pytest.fail.Exception) as err:
+            jobs[name] = f"{name}: {err}"
+    yield jobs
+    for proc, tag in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(tag)
+        proc.wait()
+
+
+@pytest.mark.slow  # waits out a 30 s stall timeout after start-up (once for all four)
 @pytest.mark.parametrize("name", ALL_LAUNCHERS)
-def test_a_frozen_rank_ends_the_job(name, tmp_path, long_job):
+def test_a_frozen_rank_ends_the_job(name, frozen_jobs):
     """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
     stops the job, and nothing is left (under MPI Horovod's own stall check never fires).
     The watchdog's line (not Horovod's backstop at 1.5 x the timeout) says what ended it."""
-    proc, tag, ranks = long_job(name, ["--stall-timeout", "30", "--output-dir",
-                                       str(tmp_path)])
-    _wait_for_training(proc, tmp_path)
-    os.kill(ranks[1], signal.SIGSTOP)
-    stopped = time.monotonic()
-    out = reap(proc, tag, timeout=150)
+    job = frozen_jobs[name]
+    if isinstance(job, str):
+        pytest.fail(job)
+    proc, tag, stopped = job
+    record_job(proc.cmd, path=proc.log_path)
+    out = reap(proc, tag, timeout=max(1.0, stopped + 150 - time.monotonic()))
     print(f"{name}: exited {proc.returncode} {time.monotonic() - stopped:.1f}s after SIGSTOP "
           f"of one rank")
     assert proc.returncode != 0
