@@ -9,14 +9,17 @@ with ImageNet's mean/std normalisation, channels first.
 Every random draw comes from ``numpy.random.default_rng([seed, epoch, sample])``, so an image
 is transformed the same whichever thread or process does it, and a resumed epoch repeats it.
 
-Decoding and resizing are OpenCV's (``cv2.imdecode``, ``cv2.resize``): both release the
-GIL, so ``--data-workers`` threads decode in parallel. A JPEG is decoded at 1/2, 1/4 or 1/8
-scale (libjpeg's DCT scaling, ``IMREAD_REDUCED_COLOR_N``) when the crop stays at least the
-output size, which is most of the cost saved on large photos. Pillow only reads the header
-(the image's size, needed before the crop box is drawn): it decodes nothing.
+Decoding is Pillow's (libjpeg-turbo; a 500x375 JPEG costs about two thirds of what
+``cv2.imdecode`` costs here, and comes out RGB), resizing OpenCV's (``cv2.resize``); both
+release the GIL, so ``--data-workers`` threads decode in parallel. A JPEG is decoded at 1/2,
+1/4 or 1/8 scale (libjpeg's DCT scaling, Pillow's ``draft``) when the crop stays at least
+the output size, which is most of the cost saved on large photos. Where Pillow's decoder
+is unusable in the process (see :func:`jpeg_decoder`), OpenCV decodes instead. The image's
+size, needed before the crop box is drawn, is read from its header alone.
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import struct
@@ -44,9 +47,11 @@ NORM_SCALE = (1 / 255) / IMAGENET_STD
 NORM_OFFSET = IMAGENET_MEAN / IMAGENET_STD
 
 
-# DCT-scaled JPEG decodes, largest reduction first; EXIF orientation ignored as Pillow does.
-REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4),
-           (2, cv2.IMREAD_REDUCED_COLOR_2), (1, cv2.IMREAD_COLOR))
+# DCT scale factors of a JPEG decode, largest reduction first; EXIF orientation ignored
+# (neither Pillow nor ImageRecordIter applies it).
+REDUCTIONS = (8, 4, 2, 1)
+_OPENCV_REDUCED = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4,
+                   2: cv2.IMREAD_REDUCED_COLOR_2, 1: cv2.IMREAD_COLOR}
 
 
 @dataclass(frozen=True)
@@ -105,18 +110,67 @@ def open_image(encoded: bytes, what: str) -> Encoded:
 
 
 def _decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
-    """BGR uint8 HWC pixels of `image`, a JPEG at 1/`reduce` scale."""
-    flag = dict(REDUCED)[reduce if image.format == "JPEG" else 1]
-    # libjpeg only warns on a truncated JPEG (OpenCV returns it grey-filled): one without
-    # its end marker after the scan is refused here, as Pillow refuses it.
+    """RGB uint8 HWC pixels of `image`, a JPEG at 1/`reduce` scale."""
+    # libjpeg only warns on a truncated JPEG (both decoders return it grey-filled): one
+    # without its end marker after the scan is refused here, as Pillow's strict load does.
     if image.format == "JPEG" and image.data.find(b"\xff\xd9", image.data.find(b"\xff\xda")) < 0:
         raise BadSample(f"{what}: cannot decode (truncated JPEG: no end marker)")
+    if jpeg_decoder() == "pillow":
+        return _pillow_decode(image, reduce, what)
+    return _opencv_decode(image, reduce, what)
+
+
+def _pillow_decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
+    try:
+        with Image.open(io.BytesIO(image.data)) as opened:
+            if image.format == "JPEG" and reduce > 1:
+                width, height = image.size
+                opened.draft("RGB", (max(1, width // reduce), max(1, height // reduce)))
+            # Grey, palette, CMYK or alpha images become RGB, as OpenCV's colour read does.
+            return np.asarray(opened if opened.mode == "RGB" else opened.convert("RGB"))
+    except Exception as err:  # Pillow raises many kinds for bad data
+        raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
+
+
+def _opencv_decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
+    flag = _OPENCV_REDUCED[reduce if image.format == "JPEG" else 1]
     pixels = cv2.imdecode(np.frombuffer(image.data, np.uint8),
                           flag | cv2.IMREAD_IGNORE_ORIENTATION)
     if pixels is None:
         raise BadSample(f"{what}: cannot decode (OpenCV could not read it as "
                         f"{image.format or 'an image'})")
-    return pixels
+    return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+
+
+def _probe_jpeg() -> Tuple[bytes, np.ndarray]:
+    """A small colour JPEG (encoded by OpenCV, whose libjpeg is its own) and its pixels."""
+    pixels = np.zeros((16, 16, 3), np.uint8)
+    pixels[:] = (200, 30, 60)  # RGB
+    ok, encoded = cv2.imencode(".jpg", cv2.cvtColor(pixels, cv2.COLOR_RGB2BGR))
+    assert ok, "OpenCV cannot encode a JPEG"
+    return encoded.tobytes(), pixels
+
+
+@functools.lru_cache(maxsize=None)
+def jpeg_decoder() -> str:
+    """The JPEG decoder this process uses: ``"pillow"``, or ``"opencv"`` where Pillow's is
+    unusable, checked once per process on a small JPEG.
+
+    Pillow's C module binds its libjpeg calls when it is loaded: if libmxnet's own libjpeg
+    was loaded globally before it (``import horovod.mxnet`` does so), those calls reach the
+    wrong library and every decode fails. OpenCV's libjpeg is built into its module and
+    works in any import order. hvdtrain's own programs import Pillow first."""
+    encoded, pixels = _probe_jpeg()
+    for name, decode in (("pillow", _pillow_decode), ("opencv", _opencv_decode)):
+        try:
+            decoded = decode(Encoded(encoded, (16, 16), "JPEG"), 1, "probe")
+        except BadSample:
+            continue
+        if np.abs(decoded.astype(int) - pixels).max() <= 8:
+            return name
+    from .datasets import DatasetError
+    raise DatasetError("neither Pillow nor OpenCV can decode JPEGs in this process: "
+                       "reinstall them (scripts/install-deps.sh)")
 
 
 def decodes(encoded: bytes, what: str) -> None:
@@ -134,7 +188,7 @@ def _crop_resize(image: Encoded, box: Tuple[float, float, float, float], size: i
     """
     width, height = image.size
     crop_w, crop_h = box[2] - box[0], box[3] - box[1]
-    reduce = next(f for f, _ in REDUCED if crop_w / f >= size and crop_h / f >= size or f == 1)
+    reduce = next(f for f in REDUCTIONS if crop_w / f >= size and crop_h / f >= size or f == 1)
     pixels = _decode(image, reduce, what)
     scale_x, scale_y = pixels.shape[1] / width, pixels.shape[0] / height
     x0, x1 = round(box[0] * scale_x), max(round(box[2] * scale_x), round(box[0] * scale_x) + 1)
@@ -143,22 +197,14 @@ def _crop_resize(image: Encoded, box: Tuple[float, float, float, float], size: i
     # Bilinear, as ImageRecordIter: after a reduced decode a JPEG crop shrinks by less than
     # 2x, where it aliases little; area averaging (10x slower) only for larger shrinks.
     shrink = min(crop.shape[0], crop.shape[1]) / size
-    out = cv2.resize(crop, (size, size),
-                     interpolation=cv2.INTER_AREA if shrink >= 2 else cv2.INTER_LINEAR)
-    return cv2.cvtColor(out, cv2.COLOR_BGR2RGB)
+    return cv2.resize(crop, (size, size),
+                      interpolation=cv2.INTER_AREA if shrink >= 2 else cv2.INTER_LINEAR)
 
 
 def check_jpeg_codec() -> None:
-    """Refuse, in one line, a process whose OpenCV cannot decode JPEGs (every image would
-    be skipped as undecodable), e.g. if a library loaded before it replaced its libjpeg."""
-    from .datasets import DatasetError
-    pixels = np.zeros((16, 16, 3), np.uint8)
-    pixels[:] = (60, 30, 200)
-    ok, encoded = cv2.imencode(".jpg", pixels)
-    decoded = cv2.imdecode(encoded, cv2.IMREAD_COLOR) if ok else None
-    if decoded is None or np.abs(decoded.astype(int) - pixels).max() > 8:
-        raise DatasetError("OpenCV cannot decode JPEGs in this process: reinstall "
-                           "opencv-python-headless (scripts/install-deps.sh)")
+    """Refuse, in one line, a process where no decoder can read JPEGs (every image would be
+    skipped as undecodable); otherwise settle which decoder it uses."""
+    jpeg_decoder()
 
 
 def random_box(width: int, height: int, rng: np.random.Generator,

@@ -228,18 +228,24 @@ import cv2, numpy as np, mxnet as mx
 from hvdtrain.data import transforms as T
 T.check_jpeg_codec()
 encoded = open(sys.argv[2], "rb").read()
-full = T._decode(T.open_image(encoded, "x"), 1, "x")[:, :, ::-1]  # BGR to RGB
-theirs = mx.image.imdecode(encoded).asnumpy()
+full = T._decode(T.open_image(encoded, "x"), 1, "x")
+theirs = mx.image.imdecode(encoded).asnumpy()  # RGB
+print("DECODER", T.jpeg_decoder())
 print("MAXDIFF", int(np.abs(full.astype(int) - theirs).max()))
 """
 
 
-@pytest.mark.parametrize("first", ["cv2,mxnet,horovod.mxnet", "mxnet,horovod.mxnet,cv2",
-                                   "horovod.mxnet"])
-def test_opencv_decodes_whether_imported_before_or_after_horovod_mxnet(digit_images, first):
-    """horovod.mxnet loads libmxnet's symbols (its own OpenCV and libjpeg) globally: OpenCV's
-    decode must still work in either import order, against MXNet's own decoder as the
-    independent reference."""
+@pytest.mark.parametrize("first,decoder", [("hvdtrain,horovod.mxnet", "pillow"),
+                                           ("PIL.Image,mxnet,horovod.mxnet", "pillow"),
+                                           ("cv2,mxnet,horovod.mxnet", "opencv"),
+                                           ("mxnet,horovod.mxnet,cv2", "opencv"),
+                                           ("horovod.mxnet", "opencv")])
+def test_jpegs_decode_whether_imported_before_or_after_horovod_mxnet(digit_images, first,
+                                                                     decoder):
+    """horovod.mxnet loads libmxnet's symbols (its own OpenCV and libjpeg) globally: Pillow,
+    loaded after it, would call that libjpeg and fail, so OpenCV (whose libjpeg is built in)
+    decodes instead; loaded before it (as ``import hvdtrain`` does), Pillow decodes. Either
+    way the pixels match MXNet's own decoder, the independent reference."""
     folder, _ = digit_images
     data = load_images("imagefolder", folder)
     path = data.train.describe(0)
@@ -247,6 +253,7 @@ def test_opencv_decodes_whether_imported_before_or_after_horovod_mxnet(digit_ima
                       timeout=300).stdout
     line = [l for l in out.splitlines() if l.startswith("MAXDIFF")]
     assert line, out
+    assert f"DECODER {decoder}" in out, out
     # Two libjpeg builds may round the inverse DCT differently: a few grey levels.
     assert int(line[0].split()[1]) <= 4, out
 
@@ -336,3 +343,23 @@ def test_a_pack_made_by_mxnets_im2rec_reads_as_its_folder(digit_images, tmp_path
             with open(theirs.describe(index), "rb") as src:
                 expected[(src.read(), int(theirs.labels[index]))] += 1
         assert collections.Counter(mine.read(i) for i in range(len(mine))) == expected
+
+
+def test_reduced_jpeg_decodes_match_opencvs(tmp_path):
+    """Pillow's DCT-scaled decode (``draft``) against OpenCV's ``IMREAD_REDUCED_COLOR_N``,
+    an independent decoder: the same size at 1/1, 1/2, 1/4 and 1/8, and the same picture."""
+    import cv2
+    from hvdtrain.data import transforms as T
+    rng = np.random.default_rng(0)
+    small = rng.integers(0, 256, size=(12, 16, 3), dtype=np.uint8)
+    photo = cv2.resize(small, (500, 375), interpolation=cv2.INTER_CUBIC)
+    encoded = cv2.imencode(".jpg", photo, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+    image = T.open_image(encoded, "photo.jpg")
+    for reduce in (1, 2, 4, 8):
+        ours = T._pillow_decode(image, reduce, "photo.jpg")
+        theirs = T._opencv_decode(image, reduce, "photo.jpg")
+        assert ours.shape == theirs.shape == (-(-375 // reduce), -(-500 // reduce), 3)
+        # Both are libjpeg-turbo's integer IDCT: identical here (Pillow 10, OpenCV 4.8);
+        # two grey levels leave room for another release's rounding, no more.
+        difference = np.abs(ours.astype(int) - theirs)
+        assert difference.max() <= 2, (reduce, difference.max())
