@@ -126,8 +126,15 @@ def _pillow_decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
             if image.format == "JPEG" and reduce > 1:
                 width, height = image.size
                 opened.draft("RGB", (max(1, width // reduce), max(1, height // reduce)))
+            if opened.mode == "RGB":
+                return np.asarray(opened)
+            if opened.mode.startswith("I"):
+                # 16-bit grey (a PNG's I;16, or I): its top 8 bits, as OpenCV reads it;
+                # Pillow's convert would clip every value above 255 to white.
+                grey = (np.asarray(opened).astype(np.uint32) >> 8).clip(0, 255)
+                return np.repeat(grey.astype(np.uint8)[:, :, None], 3, axis=2)
             # Grey, palette, CMYK or alpha images become RGB, as OpenCV's colour read does.
-            return np.asarray(opened if opened.mode == "RGB" else opened.convert("RGB"))
+            return np.asarray(opened.convert("RGB"))
     except Exception as err:  # Pillow raises many kinds for bad data
         raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
 

@@ -363,3 +363,26 @@ def test_reduced_jpeg_decodes_match_opencvs(tmp_path):
         # two grey levels leave room for another release's rounding, no more.
         difference = np.abs(ours.astype(int) - theirs)
         assert difference.max() <= 2, (reduce, difference.max())
+
+
+@pytest.mark.parametrize("mode,fmt", [("L", "JPEG"), ("RGBA", "PNG"), ("P", "PNG"),
+                                      ("I;16", "PNG"), ("RGB", "BMP"), ("RGB", "WEBP")])
+def test_other_image_kinds_decode_as_opencv_decodes_them(mode, fmt):
+    """Grey, alpha, palette and 16-bit images become the RGB pixels OpenCV's colour read
+    (the independent reference) gives; a 16-bit grey keeps its top 8 bits (Pillow's own
+    conversion would turn everything above 255 white)."""
+    import io
+    from PIL import Image
+    from hvdtrain.data import transforms as T
+    rng = np.random.default_rng(1)
+    if mode == "I;16":
+        image = Image.fromarray(rng.integers(0, 65536, (30, 40)).astype(np.uint16))
+    else:
+        image = Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    encoded = T.open_image(buffer.getvalue(), f"x.{fmt.lower()}")
+    ours = T._pillow_decode(encoded, 1, "x")
+    theirs = T._opencv_decode(encoded, 1, "x")
+    assert ours.shape == theirs.shape == (30, 40, 3)
+    assert np.abs(ours.astype(int) - theirs).max() <= 2, mode
