@@ -38,7 +38,12 @@ _BCAST_NAME = "hvdtrain.elastic.{}"
 
 def _horovod_bcast(obj, name):
     import horovod.mxnet as hvd
-    return hvd.broadcast_object(obj, root_rank=0, name=name)
+    obj = hvd.broadcast_object(obj, root_rank=0, name=name)
+    # On rank 0 the broadcast is only queued in MXNet's engine when broadcast_object returns:
+    # wait, so that a commit is a point every rank has passed (a rank 0 that finished and
+    # shut Horovod down with its last broadcast still queued failed a slower rank).
+    mx.nd.waitall()
+    return obj
 
 
 def _horovod_rank():

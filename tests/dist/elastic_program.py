@@ -112,6 +112,9 @@ def main():
     parser.add_argument("--kill-host", default="127.0.0.3")
     parser.add_argument("--marker", default="")
     parser.add_argument("--pause", type=float, default=0.05)
+    parser.add_argument("--keep-stale-scale", action="store_true")
+    parser.add_argument("--state", choices=["spike", "gluon"], default="spike",
+                        help="spike: this file's SpikeState; gluon: hvdtrain's GluonState")
     args = parser.parse_args()
 
     hvd.init()
@@ -123,9 +126,19 @@ def main():
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
                                      {"learning_rate": 0.1, "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    state = SpikeState(net, trainer, step=0, resets=0)
+    if args.state == "gluon":
+        from hvdtrain.runtime.elastic import GluonState
+        state = GluonState(net, trainer, step=0, resets=0)
+    else:
+        state = SpikeState(net, trainer, step=0, resets=0)
 
     def on_reset():
+        # horovod.mxnet's DistributedTrainer averages in the framework on a CPU build (no
+        # NCCL): it folds 1/size into _scale once, in its constructor. A survivor's trainer
+        # would keep the old world size (seen in the spike: ranks on the old and the new
+        # host diverged after a scale-up). --keep-stale-scale reproduces that.
+        if trainer._average_in_framework and not args.keep_stale_scale:
+            trainer._scale = 1.0 / hvd.size()
         state.resets += 1
         emit("reset", rank=hvd.rank(), size=hvd.size(), step=state.step)
     state.register_reset_callbacks([on_reset])
@@ -163,6 +176,9 @@ def main():
         emit("done", rank=hvd.rank(), size=hvd.size(), step=state.step, digest=digest(net))
 
     train(state)
+    # Rank 0's side of a broadcast_object is queued in MXNet's engine, not yet done: shut
+    # down now and a slower rank still in that broadcast fails (seen in the spike).
+    mx.nd.waitall()
     hvd.shutdown()
     return 0
 

@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,7 @@ def run(args, folder):
                    sys.executable, os.path.join(HERE, "elastic_program.py"),
                    "--steps", str(args.steps), "--commit-every", str(args.commit_every),
                    "--kill-step", str(args.kill_step if args.scenario == "kill" else -1),
-                   "--marker", marker]
+                   "--marker", marker, "--state", args.state]
         env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
         if args.gloo_timeout:
             # How long a rank waits on a dead peer before its collective fails (Horovod's
@@ -96,6 +97,7 @@ def run(args, folder):
                 proc.kill()
         thread.join(timeout=10)
         wall = time.time() - start
+        _end_leftovers(events)
     with open(os.path.join(folder, "horovodrun.log"), "w") as out:
         out.writelines(raw)
     if os.path.exists(marker):
@@ -103,6 +105,18 @@ def run(args, folder):
             killed = json.load(m)
         changes.append(("kill", killed["t"]))
     return summarise(code, wall, events, sorted(changes, key=lambda c: c[1]))
+
+
+def _end_leftovers(events):
+    """Kill workers of this run still alive: a worker started over ssh outlives a
+    horovodrun that was stopped (seen in the spike), and would load the machine."""
+    for pid in {e["pid"] for e in events}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"elastic_program.py" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def max_size(events):
@@ -125,19 +139,28 @@ def summarise(code, wall, events, changes):
     digests = collections.defaultdict(set)
     for e in events:
         if e["event"] in ("commit", "done", "synced"):
-            digests[(e["event"], e["step"], e.get("size"), sum(
-                1 for x in events if x["event"] == "reset" and x["t"] < e["t"]))].add(
-                    e["digest"])
+            digests[(e["event"], e["step"], e.get("size"))].add(e["digest"])
+    # A rollback is right when every rank's parameters after the reset are bit for bit the
+    # ones all ranks committed at that step before it (recorded then, not recomputed).
+    kill = next((t for kind, t in changes if kind == "kill"), None)
+    committed = collections.defaultdict(set)
+    for e in events:
+        if e["event"] == "commit" and (kill is None or e["t"] < kill):
+            committed[e["step"]].add(e["digest"])
+    after_kill = [e for e in events if kill and e["event"] == "synced" and e["t"] > kill]
+    rollbacks = [dict(rank=e["rank"], step=e["step"],
+                      matches_commit=committed.get(e["step"]) == {e["digest"]})
+                 for e in after_kill]
     return dict(exit=code, wall_s=round(wall, 1),
                 resets=sum(1 for e in events if e["event"] == "reset"),
                 errors=[e for e in events if e["event"] in ("step_error", "waitall_error")][:4],
                 sizes=sorted({e["size"] for e in events if e["event"] == "step"}),
                 done=[(e["rank"], e["size"], e["step"]) for e in events if e["event"] == "done"],
-                recoveries=recoveries,
+                recoveries=recoveries, rollbacks=rollbacks,
                 digest_disagreements=[list(k) for k, v in digests.items() if len(v) > 1])
 
 
-def main():
+def parse(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenario", choices=["kill", "resize"], default="kill")
     parser.add_argument("--steps", type=int, default=200)
@@ -148,8 +171,13 @@ def main():
     parser.add_argument("--elastic-timeout", type=int, default=60)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--gloo-timeout", type=int, default=0)
+    parser.add_argument("--state", choices=["spike", "gluon"], default="spike")
     parser.add_argument("--out", default="")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse()
     folder = args.out or tempfile.mkdtemp(prefix="elastic-spike-")
     os.makedirs(folder, exist_ok=True)
     result = run(args, folder)
