@@ -78,6 +78,10 @@ class GluonState(ObjectState):
         if getattr(trainer, "_update_on_kvstore", False):
             raise ValueError("elastic state needs a trainer that updates on the workers "
                              "(update_on_kvstore=False): the store would hold the optimizer")
+        if not _store_is_elastic(trainer):
+            store = trainer._kvstore_params.get("kvstore")
+            raise ValueError("elastic state needs a Horovod store or none (horovod.mxnet's "
+                             f"DistributedTrainer), not {getattr(store, 'type', store)!r}")
         self.net, self.trainer = net, trainer
         self.position = dataclasses.replace(position) if position else TrainState()
         self._bcast = bcast_object or _horovod_bcast
@@ -116,6 +120,7 @@ class GluonState(ObjectState):
                              dataclasses.asdict(self._saved_position)),
                             _BCAST_NAME.format("model"))
         arrays, optimizer, loss_scale, position = saved
+        _skip_first_step_broadcast(self.trainer)
         self._saved_arrays, self._saved_optimizer = arrays, optimizer
         self._saved_loss_scale, self._saved_position = loss_scale, TrainState(**position)
         self._load_model(arrays, optimizer, loss_scale, self._saved_position)
@@ -148,6 +153,28 @@ def _params(net):
     ``save_parameters`` names them: the same on every rank, whatever name prefixes the
     process happened to hand out."""
     return net._collect_params_with_prefix()
+
+
+def _store_is_elastic(trainer) -> bool:
+    """A Horovod store, or none: a store name on one device creates no store (``'device'``,
+    Gluon's default). MXNet's own stores register every key at the first step's broadcast,
+    which a sync skips (:func:`_skip_first_step_broadcast`)."""
+    store = trainer._kvstore_params.get("kvstore")
+    if isinstance(store, str):
+        return "dist" not in store and len(trainer._contexts) == 1
+    return store is None or getattr(store, "type", None) == "horovod"
+
+
+def _skip_first_step_broadcast(trainer) -> None:
+    """Tell a trainer with a store that its parameters are already the same everywhere.
+
+    ``gluon.Trainer`` broadcasts every parameter through its store on its first step
+    (``_init_params``, MXNet 1.9.1). A worker joining a running job would do that broadcast
+    alone while the others, past their first step, reduce gradients: the spike saw it hang.
+    A sync has just written rank 0's values everywhere, so the broadcast is owed no more."""
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()  # creates the store's bindings; no collective
+    trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
 
 
 def _set_optimizer_states(trainer, blob: bytes) -> None:

@@ -113,6 +113,10 @@ def main():
     parser.add_argument("--marker", default="")
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--keep-stale-scale", action="store_true")
+    parser.add_argument("--trainer", choices=["horovod", "hvdtrain"], default="horovod",
+                        help="horovod.mxnet's DistributedTrainer, or hvdtrain's "
+                             "BucketedTrainer on its HorovodKVStore")
+    parser.add_argument("--bucket-mb", type=float, default=0.0)
     parser.add_argument("--state", choices=["spike", "gluon"], default="spike",
                         help="spike: this file's SpikeState; gluon: hvdtrain's GluonState")
     args = parser.parse_args()
@@ -123,8 +127,18 @@ def main():
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(32, activation="relu", in_units=64), gluon.nn.Dense(10, in_units=32))
     net.initialize(mx.init.Xavier())
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd",
-                                     {"learning_rate": 0.1, "momentum": 0.9})
+    sgd = {"learning_rate": 0.1, "momentum": 0.9}
+    if args.trainer == "hvdtrain":
+        # hvdtrain's own store and trainer: the store sums, so the step takes the global
+        # batch, read from the current world size at every step.
+        from hvdtrain.store.buckets import BucketedTrainer
+        from hvdtrain.store.kvstore import HorovodKVStore
+        trainer = BucketedTrainer(net.collect_params(), "sgd", sgd, kvstore=HorovodKVStore(),
+                                  update_on_kvstore=False, bucket_mb=args.bucket_mb)
+        step_samples = lambda: 16 * hvd.size()  # noqa: E731
+    else:
+        trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", sgd)
+        step_samples = lambda: 16  # noqa: E731  (it averages)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if args.state == "gluon":
         from hvdtrain.runtime.elastic import GluonState
@@ -137,7 +151,7 @@ def main():
         # NCCL): it folds 1/size into _scale once, in its constructor. A survivor's trainer
         # would keep the old world size (seen in the spike: ranks on the old and the new
         # host diverged after a scale-up). --keep-stale-scale reproduces that.
-        if trainer._average_in_framework and not args.keep_stale_scale:
+        if getattr(trainer, "_average_in_framework", False) and not args.keep_stale_scale:
             trainer._scale = 1.0 / hvd.size()
         state.resets += 1
         emit("reset", rank=hvd.rank(), size=hvd.size(), step=state.step)
@@ -153,7 +167,7 @@ def main():
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
-            trainer.step(16)
+            trainer.step(step_samples())
             try:
                 mx.nd.waitall()  # an allreduce that failed raises here, not in trainer.step
             except mx.base.MXNetError as err:

@@ -55,7 +55,8 @@ def run(args, folder):
                    sys.executable, os.path.join(HERE, "elastic_program.py"),
                    "--steps", str(args.steps), "--commit-every", str(args.commit_every),
                    "--kill-step", str(args.kill_step if args.scenario == "kill" else -1),
-                   "--marker", marker, "--state", args.state]
+                   "--marker", marker, "--state", args.state,
+                   "--trainer", args.trainer]
         env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
         if args.gloo_timeout:
             # How long a rank waits on a dead peer before its collective fails (Horovod's
@@ -172,6 +173,7 @@ def parse(argv=None):
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--gloo-timeout", type=int, default=0)
     parser.add_argument("--state", choices=["spike", "gluon"], default="spike")
+    parser.add_argument("--trainer", choices=["horovod", "hvdtrain"], default="horovod")
     parser.add_argument("--out", default="")
     return parser.parse_args(argv)
 

@@ -11,6 +11,7 @@ from mxnet import autograd, gluon
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 from hvdtrain.runtime.elastic import GluonState
+from hvdtrain.store.kvstore import HorovodKVStore
 from hvdtrain.state.train_state import TrainState
 
 
@@ -141,4 +142,37 @@ def test_a_trainer_that_updates_on_the_store_is_refused():
     net, trainer = build()
     trainer._update_on_kvstore = True
     with pytest.raises(ValueError, match="update_on_kvstore=False"):
+        one_process(net, trainer)
+
+
+def test_after_a_sync_the_first_step_broadcasts_nothing():
+    """A trainer with a store broadcasts every parameter on its first step; a worker that
+    joins a running job must not (the others are past theirs: it would wait alone)."""
+    store = HorovodKVStore()  # one process: hvd.init() of size 1
+    broadcasts = []
+    original = store.broadcast
+    store.broadcast = lambda *a, **k: (broadcasts.append(a[0]), original(*a, **k))
+    net, _ = build()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                            kvstore=store, update_on_kvstore=False)
+    state = one_process(net, trainer)
+    state.sync()
+    train(net, trainer, range(1))
+    assert broadcasts == []
+
+    # Without the sync the same trainer does broadcast: the check above can fail.
+    net, _ = build()
+    plain = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                          kvstore=store, update_on_kvstore=False)
+    train(net, plain, range(1))
+    assert broadcasts
+
+
+def test_a_store_that_registers_keys_is_refused():
+    """MXNet's own stores register each key at the first step's broadcast: skipping it
+    (as a sync does) would break them, and they are never elastic anyway."""
+    net, _ = build()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                            kvstore=mx.kv.create("local"), update_on_kvstore=False)
+    with pytest.raises(ValueError, match="Horovod store"):
         one_process(net, trainer)
