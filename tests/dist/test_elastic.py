@@ -27,3 +27,19 @@ def test_a_killed_rank_costs_a_rollback_not_the_job(tmp_path):
     assert result["rollbacks"] and all(r["step"] == 50 and r["matches_commit"]
                                        for r in result["rollbacks"]), result
     assert not result["digest_disagreements"], result
+
+
+def test_a_host_joins_and_leaves_with_hvdtrains_store(tmp_path):
+    """hvdtrain's BucketedTrainer on its HorovodKVStore: 2 ranks, a host joins (4 ranks) and
+    leaves again (2). The joining workers must not make the trainer's first-step parameter
+    broadcast alone (the spike hung there), and every rank agrees at every commit."""
+    args = parse(["--scenario", "resize", "--state", "gluon", "--trainer", "hvdtrain",
+                  "--steps", "200", "--grow-at", "40", "--shrink-at", "110",
+                  "--timeout", "240"])
+    result = run(args, str(tmp_path))
+    log = (tmp_path / "horovodrun.log").read_text()[-4000:]
+    assert result["exit"] == 0, (result, log)
+    assert result["sizes"] == [2, 4], (result, log)
+    assert [r["size_after"] for r in result["recoveries"]] == [4, 2], result
+    assert sorted(result["done"]) == [(0, 2, 200), (1, 2, 200)], (result, log)
+    assert not result["digest_disagreements"], result
