@@ -45,8 +45,8 @@ def run(args, folder):
     os.chmod(discover, 0o755)
     marker = os.path.join(folder, "killed.json")
     both = ["127.0.0.2:2", "127.0.0.3:2"]
-    write_hosts(hosts_file, both if args.scenario == "kill" else both[:1])
-    np_start = 4 if args.scenario == "kill" else 2
+    write_hosts(hosts_file, both[:1] if args.scenario == "resize" else both)
+    np_start = 2 if args.scenario == "resize" else 4
     with loopback_hosts(os.path.join(folder, "ssh")) as hosts:
         command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(np_start),
                    "--min-np", "2", "--max-np", "4", "--host-discovery-script", discover,
@@ -77,6 +77,9 @@ def run(args, folder):
                     except ValueError:
                         pass
                     step = events[-1].get("step", 0) if events else 0
+                    if args.scenario == "sigterm" and step >= 30 and not changes:
+                        changes.append(("sigterm", time.time()))
+                        proc.send_signal(signal.SIGTERM)
                     if args.scenario == "resize":
                         if step >= args.grow_at and not changes:
                             write_hosts(hosts_file, both)
@@ -98,6 +101,9 @@ def run(args, folder):
                 proc.kill()
         thread.join(timeout=10)
         wall = time.time() - start
+        stopped = time.time()
+        time.sleep(5)
+        alive = _alive(events)  # workers left 5 s after horovodrun itself ended
         _end_leftovers(events)
     with open(os.path.join(folder, "horovodrun.log"), "w") as out:
         out.writelines(raw)
@@ -105,7 +111,23 @@ def run(args, folder):
         with open(marker) as m:
             killed = json.load(m)
         changes.append(("kill", killed["t"]))
-    return summarise(code, wall, events, sorted(changes, key=lambda c: c[1]))
+    result = summarise(code, wall, events, sorted(changes, key=lambda c: c[1]))
+    result["workers_alive_5s_after_exit"] = len(alive)
+    if args.scenario == "sigterm":
+        result["launcher_exit_after_sigterm_s"] = round(stopped - changes[0][1], 2)
+    return result
+
+
+def _alive(events):
+    alive = []
+    for pid in {e["pid"] for e in events}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"elastic_program.py" in f.read():
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
 
 
 def _end_leftovers(events):
@@ -163,7 +185,7 @@ def summarise(code, wall, events, changes):
 
 def parse(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenario", choices=["kill", "resize"], default="kill")
+    parser.add_argument("--scenario", choices=["kill", "resize", "sigterm"], default="kill")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--commit-every", type=int, default=10)
     parser.add_argument("--kill-step", type=int, default=55)
