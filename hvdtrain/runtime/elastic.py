@@ -28,6 +28,7 @@ import mxnet as mx
 import numpy as np
 from horovod.common.elastic import ObjectState
 
+from .elastic_run import collective_errors
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
 
@@ -38,11 +39,14 @@ _BCAST_NAME = "hvdtrain.elastic.{}"
 
 def _horovod_bcast(obj, name):
     import horovod.mxnet as hvd
-    obj = hvd.broadcast_object(obj, root_rank=0, name=name)
-    # On rank 0 the broadcast is only queued in MXNet's engine when broadcast_object returns:
-    # wait, so that a commit is a point every rank has passed (a rank 0 that finished and
-    # shut Horovod down with its last broadcast still queued failed a slower rank).
-    mx.nd.waitall()
+    # A peer lost during a commit's or a sync's broadcast must roll back like one lost
+    # during a step, not end this worker with an MXNetError.
+    with collective_errors():
+        obj = hvd.broadcast_object(obj, root_rank=0, name=name)
+        # On rank 0 the broadcast is only queued in MXNet's engine when broadcast_object
+        # returns: wait, so that a commit is a point every rank has passed (a rank 0 that
+        # finished and shut Horovod down with its last broadcast queued failed a slower rank).
+        mx.nd.waitall()
     return obj
 
 

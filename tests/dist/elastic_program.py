@@ -157,7 +157,13 @@ def main():
         emit("reset", rank=hvd.rank(), size=hvd.size(), step=state.step)
     state.register_reset_callbacks([on_reset])
 
-    @run_fn_mx
+    if args.state == "gluon":
+        from hvdtrain.runtime import elastic_run
+        run, step_errors = elastic_run.run, elastic_run.collective_errors
+    else:
+        run, step_errors = run_fn_mx, None
+
+    @run
     def train(state):
         emit("synced", rank=hvd.rank(), size=hvd.size(), step=state.step, digest=digest(net))
         while state.step < args.steps:
@@ -169,10 +175,16 @@ def main():
             loss.backward()
             trainer.step(step_samples())
             try:
-                mx.nd.waitall()  # an allreduce that failed raises here, not in trainer.step
-            except mx.base.MXNetError as err:
+                if step_errors:  # hvdtrain's translation (and reset) under test
+                    with step_errors():
+                        mx.nd.waitall()
+                else:
+                    mx.nd.waitall()  # an allreduce that failed raises here, not in .step
+            except (mx.base.MXNetError, HorovodInternalError) as err:
                 emit("step_error", rank=hvd.rank(), step=state.step,
                      error=str(err).splitlines()[0][:200])
+                if isinstance(err, HorovodInternalError):
+                    raise
                 raise HorovodInternalError(err)
             state.step += 1
             emit("step", rank=hvd.rank(), size=hvd.size(), step=state.step)
