@@ -77,6 +77,9 @@ def run(args, folder):
                     except ValueError:
                         pass
                     step = events[-1].get("step", 0) if events else 0
+                    if args.scenario == "vanish" and step >= 30 and not changes:
+                        write_hosts(hosts_file, [])  # no usable host any more
+                        changes.append(("vanish", time.time()))
                     if args.scenario == "sigterm" and step >= 30 and not changes:
                         changes.append(("sigterm", time.time()))
                         proc.send_signal(signal.SIGTERM)
@@ -113,8 +116,8 @@ def run(args, folder):
         changes.append(("kill", killed["t"]))
     result = summarise(code, wall, events, sorted(changes, key=lambda c: c[1]))
     result["workers_alive_5s_after_exit"] = len(alive)
-    if args.scenario == "sigterm":
-        result["launcher_exit_after_sigterm_s"] = round(stopped - changes[0][1], 2)
+    if args.scenario in ("sigterm", "vanish") and changes:
+        result["launcher_exit_after_change_s"] = round(stopped - changes[0][1], 2)
     return result
 
 
@@ -185,7 +188,7 @@ def summarise(code, wall, events, changes):
 
 def parse(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenario", choices=["kill", "resize", "sigterm"], default="kill")
+    parser.add_argument("--scenario", choices=["kill", "resize", "sigterm", "vanish"], default="kill")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--commit-every", type=int, default=10)
     parser.add_argument("--kill-step", type=int, default=55)
