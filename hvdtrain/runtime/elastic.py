@@ -1,0 +1,191 @@
+"""Elastic training state for a Gluon net and trainer, on ``horovod.common.elastic``.
+
+Horovod ships elastic state for PyTorch and TensorFlow but none for MXNet. :class:`GluonState`
+fills that gap the way Horovod's own states work: :meth:`commit` copies everything a rollback
+needs into host memory; after a rank fails, the survivors :meth:`restore` the last commit;
+after every reset, :meth:`sync` makes rank 0's copy everyone's (new ranks included).
+
+What one commit holds:
+
+- every array of the net (``collect_params()``: weights and BatchNorm running statistics);
+- the optimizer: its per-parameter states (momentum, Adam's moments) and the optimizer
+  object itself (update counts, the learning-rate scheduler), as
+  ``Trainer.save_states`` would write them, but in memory;
+- AMP's dynamic loss scale (:mod:`hvdtrain.state.loss_scale`);
+- the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
+  of the epoch already trained), plus any plain values passed as keywords.
+
+The spike in ``docs/elastic.md`` showed that writing the restored values into the existing
+arrays is enough after a failed allreduce: the engine's error is raised once (by
+``mx.nd.waitall()``) and the arrays take new values afterwards.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Optional
+
+import mxnet as mx
+import numpy as np
+from horovod.common.elastic import ObjectState
+
+from .elastic_run import collective_errors
+from ..state.loss_scale import loss_scale_state, restore_loss_scale
+from ..state.train_state import TrainState
+
+# Every rank must name a broadcast alike: horovod.mxnet's broadcast_object otherwise names it
+# after type(obj), and ranks passing different types wait on each other for ever.
+_BCAST_NAME = "hvdtrain.elastic.{}"
+
+
+def _horovod_bcast(obj, name):
+    import horovod.mxnet as hvd
+    # A peer lost during a commit's or a sync's broadcast must roll back like one lost
+    # during a step, not end this worker with an MXNetError.
+    with collective_errors():
+        obj = hvd.broadcast_object(obj, root_rank=0, name=name)
+        # On rank 0 the broadcast is only queued in MXNet's engine when broadcast_object
+        # returns: wait, so that a commit is a point every rank has passed (a rank 0 that
+        # finished and shut Horovod down with its last broadcast queued failed a slower rank).
+        mx.nd.waitall()
+    return obj
+
+
+def _horovod_rank():
+    import horovod.mxnet as hvd
+    return hvd.rank()
+
+
+class GluonState(ObjectState):
+    """A Gluon net, its trainer and the training position, committed in host memory.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.Block
+        The model; its parameters must be initialised (shapes known).
+    trainer : mxnet.gluon.Trainer
+        Its trainer, updating on the workers (``update_on_kvstore=False``), as every
+        synchronous Horovod trainer does.
+    position : TrainState, optional
+        Where training stands; read and set through ``state.position``.
+    bcast_object : callable, optional
+        ``bcast_object(obj, name) -> obj``: rank 0's `obj` on every rank. Horovod's
+        ``broadcast_object`` by default.
+    get_rank : callable, optional
+        This worker's rank. Horovod's ``rank`` by default.
+    **values
+        Plain Python values committed and restored with the rest, as attributes.
+    """
+
+    def __init__(self, net, trainer, position: Optional[TrainState] = None,
+                 bcast_object: Optional[Callable] = None, get_rank: Optional[Callable] = None,
+                 **values):
+        if getattr(trainer, "_update_on_kvstore", False):
+            raise ValueError("elastic state needs a trainer that updates on the workers "
+                             "(update_on_kvstore=False): the store would hold the optimizer")
+        if not _store_is_elastic(trainer):
+            store = trainer._kvstore_params.get("kvstore")
+            raise ValueError("elastic state needs a Horovod store or none (horovod.mxnet's "
+                             f"DistributedTrainer), not {getattr(store, 'type', store)!r}")
+        self.net, self.trainer = net, trainer
+        self.position = dataclasses.replace(position) if position else TrainState()
+        self._bcast = bcast_object or _horovod_bcast
+        self._saved_arrays: Dict[str, np.ndarray] = {}
+        self._saved_optimizer: bytes = b""
+        self._saved_loss_scale: dict = {}
+        self._saved_position = TrainState()
+        self._save_model()
+        # Horovod's State broadcasts a tuple (host updates), ObjectState a dict (the values):
+        # named after the type, as every rank passes the same type.
+        super().__init__(bcast_object=lambda obj: self._bcast(
+                             obj, _BCAST_NAME.format(type(obj).__name__)),
+                         get_rank=get_rank or _horovod_rank, **values)
+
+    # --- horovod.common.elastic.State -----------------------------------------------------
+
+    def save(self):
+        """Copy the net, the optimizer, the loss scale and the position to host memory."""
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        """Put the last commit back, undoing every step since."""
+        self._load_model(self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
+                         self._saved_position)
+        super().restore()
+
+    def sync(self):
+        """Make rank 0's last commit every rank's, in the commit and in the live objects.
+
+        Rank 0 first commits what it holds (after :meth:`restore` that is its last commit;
+        at the start it is the initial state), so a worker that joins takes over the running
+        job's parameters, optimizer and position."""
+        self._save_model()
+        saved = self._bcast((self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
+                             dataclasses.asdict(self._saved_position)),
+                            _BCAST_NAME.format("model"))
+        arrays, optimizer, loss_scale, position = saved
+        _skip_first_step_broadcast(self.trainer)
+        self._saved_arrays, self._saved_optimizer = arrays, optimizer
+        self._saved_loss_scale, self._saved_position = loss_scale, TrainState(**position)
+        self._load_model(arrays, optimizer, loss_scale, self._saved_position)
+        super().sync()
+
+    # --- the MXNet side ---------------------------------------------------------------------
+
+    def _save_model(self):
+        # asnumpy() waits for the engine: the copy is of finished values, never of arrays
+        # that an update still writes.
+        self._saved_arrays = {name: p.data().asnumpy() for name, p in _params(self.net).items()}
+        self._saved_optimizer = self.trainer._updaters[0].get_states(dump_optimizer=True)
+        self._saved_loss_scale = loss_scale_state(self.trainer)
+        self._saved_position = dataclasses.replace(self.position)
+
+    def _load_model(self, arrays, optimizer, loss_scale, position):
+        params = _params(self.net)
+        missing = sorted(set(params.keys()) ^ set(arrays))
+        if missing:
+            raise ValueError(f"elastic state does not match the net: {missing[:3]}")
+        for name, p in params.items():
+            p.set_data(mx.nd.array(arrays[name], dtype=arrays[name].dtype))
+        _set_optimizer_states(self.trainer, optimizer)
+        restore_loss_scale(self.trainer, loss_scale)
+        self.position = dataclasses.replace(position)
+
+
+def _params(net):
+    """Every array of `net` by its place in the net ("0.weight", "1.running_mean"), as
+    ``save_parameters`` names them: the same on every rank, whatever name prefixes the
+    process happened to hand out."""
+    return net._collect_params_with_prefix()
+
+
+def _store_is_elastic(trainer) -> bool:
+    """A Horovod store, or none: a store name on one device creates no store (``'device'``,
+    Gluon's default). MXNet's own stores register every key at the first step's broadcast,
+    which a sync skips (:func:`_skip_first_step_broadcast`)."""
+    store = trainer._kvstore_params.get("kvstore")
+    if isinstance(store, str):
+        return "dist" not in store and len(trainer._contexts) == 1
+    return store is None or getattr(store, "type", None) == "horovod"
+
+
+def _skip_first_step_broadcast(trainer) -> None:
+    """Tell a trainer with a store that its parameters are already the same everywhere.
+
+    ``gluon.Trainer`` broadcasts every parameter through its store on its first step
+    (``_init_params``, MXNet 1.9.1). A worker joining a running job would do that broadcast
+    alone while the others, past their first step, reduce gradients: the spike saw it hang.
+    A sync has just written rank 0's values everywhere, so the broadcast is owed no more."""
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()  # creates the store's bindings; no collective
+    trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
+
+
+def _set_optimizer_states(trainer, blob: bytes) -> None:
+    """``Trainer.load_states`` from memory (MXNet 1.9.1 gluon/trainer.py), without its
+    kvstore initialisation: that is a collective, and a restore runs on survivors alone."""
+    for updater in trainer._updaters:
+        updater.set_states(blob)
+        updater.optimizer = trainer._updaters[0].optimizer
+    trainer._optimizer = trainer._updaters[0].optimizer
+    trainer._optimizer.param_dict = {i: p for i, p in enumerate(trainer._params)}

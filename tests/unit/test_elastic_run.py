@@ -1,0 +1,25 @@
+"""elastic_run: which MXNet errors count as a failed collective (one process)."""
+import mxnet as mx
+import pytest
+from horovod.common.exceptions import HorovodInternalError
+
+from hvdtrain.runtime.elastic_run import collective_errors
+
+# The first line of what every rank printed in the spike when a peer was killed.
+FAILED = ("MXNetError: Horovod has been shut down. This was caused by an exception on one "
+          "of the ranks or an attempt to allreduce, allgather or broadcast a tensor after "
+          "one of the ranks finished execution.")
+
+
+def test_a_failed_collective_becomes_horovods_internal_error():
+    with pytest.raises(HorovodInternalError, match="Horovod has been shut down"):
+        with collective_errors():
+            raise mx.base.MXNetError(FAILED)
+
+
+def test_the_programs_own_mxnet_errors_are_not_retried():
+    """A rollback would only meet the same error again: it must end the worker."""
+    with pytest.raises(mx.base.MXNetError) as caught:
+        with collective_errors():
+            mx.nd.dot(mx.nd.ones((2, 3)), mx.nd.ones((2, 3))).wait_to_read()  # shapes clash
+    assert not isinstance(caught.value, HorovodInternalError)
