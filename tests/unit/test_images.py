@@ -359,7 +359,7 @@ def test_reduced_jpeg_decodes_match_opencvs(tmp_path):
         ours = T._pillow_decode(image, reduce, "photo.jpg")
         theirs = T._opencv_decode(image, reduce, "photo.jpg")
         assert ours.shape == theirs.shape == (-(-375 // reduce), -(-500 // reduce), 3)
-        # Both are libjpeg-turbo's integer IDCT: identical here (Pillow 10, OpenCV 4.8);
+        # Both are libjpeg-turbo's integer IDCT: identical here (Pillow 13, OpenCV 4.8);
         # two grey levels leave room for another release's rounding, no more.
         difference = np.abs(ours.astype(int) - theirs)
         assert difference.max() <= 2, (reduce, difference.max())
