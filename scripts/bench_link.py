@@ -88,6 +88,12 @@ def bits_per_second(rate):
     return float(found.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[found.group(2)]
 
 
+def rate_text(rate):
+    """An argparse type: `rate` as given, once tc's syntax is checked."""
+    bits_per_second(rate)
+    return rate
+
+
 def qdisc_counters(path):
     """(kind, bytes sent) of the root qdisc in `tc -s qdisc show` output at `path`."""
     with open(path) as out:
@@ -164,7 +170,7 @@ def table(rows):
 
 def add_arguments(p):
     """The shaped-link options (shared with scripts/bench.py)."""
-    p.add_argument("--rate", default="1gbit", help="the loopback's rate, in tc's syntax "
+    p.add_argument("--rate", default="1gbit", type=rate_text, help="the loopback's rate, in tc's syntax "
                    "(both directions together; default: %(default)s)")
     p.add_argument("--delay", default="0.1ms", help="added one-way delay, where the kernel "
                    "has netem (default: %(default)s)")
@@ -185,7 +191,6 @@ def parse():
     p.add_argument("--quick", action="store_true",
                    help="batch 16, 4 timed micro-batches: for a test that the mode works")
     args = p.parse_args()
-    bits_per_second(args.rate)
     args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = [r for r in args.rows if r not in ROWS]
     if unknown:
