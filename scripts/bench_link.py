@@ -115,8 +115,11 @@ def measure_link(runs, label, impl, flags, args):
     extra, accumulate = worker_flags(flags, args.batch_size, args.micro_batches, args.warmup,
                                      args.model)
     cmd = WORKER + ["--impl", impl, "--data", "synthetic"] + extra
-    proc, prefix = runs.start(shaped(horovodrun_gloo(2) + cmd, args.rate, args.delay))
-    together = runs.collect([(proc, prefix)])
+    # Gloo gives up on a peer after 30 s by default: on a shared machine one rank can be
+    # that much later than the other to its first collective (seen under a test suite).
+    gloo = runs.with_env({"HOROVOD_GLOO_TIMEOUT_SECONDS": "300"})
+    proc, prefix = gloo.start(shaped(horovodrun_gloo(2) + cmd, args.rate, args.delay))
+    together = gloo.collect([(proc, prefix)])
     kind, qdisc_bytes = qdisc_counters(prefix + ".qdisc")
     independent = runs.collect([runs.start(cmd) for _ in range(2)])
     two = sum(r["img_per_sec"] for r in together)
