@@ -204,6 +204,7 @@ def measure_all(args, tmp, runs, results):
     # The shaped link: ResNet-18 at batch 64 (the figures issue 26 asks for), or --model.
     link = argparse.Namespace(rate=args.rate, delay=args.delay, batch_size=64,
                               micro_batches=args.micro_batches, warmup=2, model=args.model,
+                              rounds=args.rounds,
                               rows=list(bench_link.ROWS))
     skipped = bench_link.unavailable(args.rate)
     if skipped:
