@@ -1,15 +1,15 @@
 """Does a bucket's exchange start before backward ends? (issue 26, point 3)
 
-    python scripts/bench_link.py ... is the bench; this is a probe. Run it on the shaped
-    link, two ranks:
+A probe, not a bench row (scripts/bench_link.py is the bench). Two ranks on the shaped link:
+
     unshare -n sh -c 'ip link set lo up && tc qdisc add dev lo root tbf rate 1gbit \\
         burst 256kb latency 50ms && "$@"' sh horovodrun --gloo -np 2 -H localhost:2 \\
-        python scripts/probe_overlap.py [--steps 6] [--model resnet18_v1]
+        python scripts/probe_overlap.py [--steps 6] [--grad-bucket-mb 25]
 
-Each step of hvdtrain's step (hybridized model, zero-copy buckets, Horovod store) is timed
+Each of hvdtrain's steps (hybridized model, zero-copy buckets, Horovod store) is timed
 from its start by waits in side threads, so the main thread's calls run as in training:
 
-- ``backward returns``: ``loss.backward()`` returns to Python (it only queues work?);
+- ``backward returns``: ``loss.backward()`` returns to Python (whether it only queues work);
 - ``backward done``: a tiny op reading the *first* parameter's gradient, queued before
   ``trainer.step``, completes: backward has written its last gradient;
 - ``bucket 0 reduced``: the first bucket (the last layers, whose gradients backward writes
