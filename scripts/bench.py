@@ -6,7 +6,10 @@ processes at the same time (the denominator of scaling efficiency). Then an inst
 two-rank run for the share of step time spent in the gradient exchange. The same for
 hvdtrain as it was before zero-copy buckets. Then rows for an
 option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
-two-rank run and its two independent processes. Then an allreduce microbenchmark, the
+two-rank run and its two independent processes. Then the same comparison on a shaped link
+(scripts/bench_link.py: 2 ranks in a private network namespace, Gloo over a rate-limited
+loopback; skipped, saying why, where ``unshare -n``/``tc`` are unavailable): the plain loop,
+hvdtrain, --fp16-allreduce, --accumulate 4 and both. Then an allreduce microbenchmark, the
 input-pipeline and memory rows of scripts/bench_images.py, and resnet50_v1 on 2 ranks from
 RecordIO against synthetic input (scripts/bench_input_bound.py). Prints
 one table and writes it as JSON (--json, default runs/bench.json).
@@ -19,6 +22,7 @@ import signal
 import sys
 import tempfile
 
+import bench_link
 from bench_runs import STOP_SIGNALS, Interrupted, Results, Runs, hold_machine_lock, interrupt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -130,9 +134,10 @@ def parse():
                         "kept (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="few steps and one round, for a smoke test")
+    bench_link.add_arguments(p)
     args = p.parse_args()
     if args.quick:
-        args.steps, args.rounds = 4, 1
+        args.steps, args.rounds, args.micro_batches = 4, 1, 4
     return args
 
 
@@ -165,6 +170,10 @@ def main():
         print(json.dumps(row))
     print()
     print(table(results.rows))
+    shaped = [row for row in results.rows if "link" in row]
+    if shaped:
+        print("\nshaped link (scripts/bench_link.py):")
+        print(bench_link.table(shaped))
     print()
     print("allreduce bus bandwidth, 2 ranks (MB/s): bytes | store pushpull | raw hvd.allreduce_")
     for size, store_bw, raw_bw in results.allreduce:
@@ -192,6 +201,17 @@ def measure_all(args, tmp, runs, results):
     for label, (data, env_extra, flags) in {**OPTIONS, **ABLATIONS}.items():
         results.add(measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
                             full=False))
+    # The shaped link: ResNet-18 at batch 64 (the figures issue 26 asks for), or --model.
+    link = argparse.Namespace(rate=args.rate, delay=args.delay, batch_size=64,
+                              micro_batches=args.micro_batches, warmup=2, model=args.model,
+                              rounds=args.rounds,
+                              rows=list(bench_link.ROWS))
+    skipped = bench_link.unavailable(args.rate)
+    if skipped:
+        results.head["shaped_link"] = f"skipped: {skipped}"
+        print(f"bench: shaped-link rows skipped: {skipped}", file=sys.stderr)
+    else:
+        bench_link.link_rows(runs, link, results.add)
     micro = runs.collect([runs.start(horovodrun(2) + [
         sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     results.allreduce = [r for r in micro if r["rank"] == 0][0]["results"]

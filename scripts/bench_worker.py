@@ -48,6 +48,8 @@ def parse():
     p.add_argument("--instrument", action="store_true",
                    help="wait after backward and after the allreduce to time the exchange")
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--accumulate", type=int, default=1,
+                   help="hvdtrain only: micro-batches of --batch-size per step (one exchange)")
     # Ablations: hvdtrain's loop with one of its changes undone.
     p.add_argument("--no-hybridize", dest="hybridize", action="store_false",
                    help="the imperative model")
@@ -64,7 +66,10 @@ def parse():
     args = p.parse_args()
     if min(args.batch_size, args.steps, args.warmup + 1) < 1:
         p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
-    if args.batch_size * (args.warmup + args.steps) > MAX_IMAGES_PER_RANK:
+    if args.accumulate < 1 or (args.accumulate > 1 and args.impl != "hvdtrain"):
+        p.error("--accumulate must be at least 1, and above 1 only with --impl hvdtrain "
+                "(Horovod's MXNet binding has no accumulation)")
+    if args.batch_size * args.accumulate * (args.warmup + args.steps) > MAX_IMAGES_PER_RANK:
         p.error(f"--batch-size x (--warmup + --steps) is over {MAX_IMAGES_PER_RANK} images "
                 "per rank, more than a benchmark needs (the data would not fit in memory)")
     # The plain loop builds from Gluon's model zoo only; hvdtrain also has its small models.
@@ -78,18 +83,46 @@ def parse():
     return args
 
 
+def step_samples(args):
+    """Samples one rank trains on per optimizer step."""
+    return args.batch_size * args.accumulate
+
+
+def link_bytes():
+    """Bytes sent so far on this network namespace's loopback device (every byte between
+    the ranks when they run in a private namespace: scripts/bench_link.py), or None.
+
+    From /proc/net/dev, which shows the reading process's namespace; /sys/class/net shows
+    the namespace sysfs was mounted in, which ``unshare -n`` does not change."""
+    try:
+        with open("/proc/net/dev") as table:
+            for line in table:
+                name, _, fields = line.partition(":")
+                if name.strip() == "lo":
+                    return int(fields.split()[8])  # 8 receive columns, then transmit bytes
+    except OSError:
+        pass
+    return None
+
+
+def gradient_bytes(net, args):
+    """Bytes of one rank's gradients as exchanged (float16 with --fp16-allreduce)."""
+    values = sum(p.data().size for p in net.collect_params().values() if p.grad_req != "null")
+    return values * (2 if args.fp16_allreduce else 4)
+
+
 def dataset(args):
     if args.data == "cifar":
         return load_cifar10(args.data_dir)
     # Enough for every step to see a full batch within one pass, at up to 2 ranks.
-    images = max(8192, 2 * args.batch_size * (args.warmup + args.steps))
+    images = max(8192, 2 * step_samples(args) * (args.warmup + args.steps))
     return make_synthetic(num_train=images, num_test=64)
 
 
 def check_enough(data, args, ranks):
     """Every timed step must see a full batch within one pass over this rank's share."""
     per_rank = len(data.train_y) // ranks
-    needed = args.batch_size * (args.warmup + args.steps)
+    needed = step_samples(args) * (args.warmup + args.steps)
     if per_rank < needed:
         sys.exit(f"bench_worker: {len(data.train_y)} training images give {per_rank} per "
                  f"rank; --warmup + --steps need {needed}")
@@ -130,7 +163,10 @@ def plain_loop(args, data):
     metric = mx.metric.Accuracy()
     timings = []
     batches = iter(loader)
+    sent = []
     for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            sent.append(link_bytes())
         start = time.perf_counter()
         x, y = next(batches)
         x, y = x.as_in_context(ctx), y.as_in_context(ctx)
@@ -147,7 +183,9 @@ def plain_loop(args, data):
         if step >= args.warmup:
             end = time.perf_counter()
             timings.append((end - start, exchange if args.instrument else 0.0))
-    return hvd.rank(), hvd.size(), timings
+    sent.append(link_bytes())
+    return hvd.rank(), hvd.size(), timings, dict(sent=sent,
+                                                 gradient_bytes=gradient_bytes(net, args))
 
 
 class CopiedBuckets(BucketedTrainer):
@@ -178,29 +216,35 @@ def hvdtrain_loop(args, data):
     share_cpu_threads(dist.local_size)
     cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
                       data_workers=args.data_workers, seed=0,
-                      grad_bucket_mb=args.grad_bucket_mb)
+                      grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate)
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
     trainer = hvdtrain.build_trainer(net, cfg, dist)
     if args.copied_buckets:
         trainer.__class__ = CopiedBuckets  # before the store is set up, which plans buckets
-    hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
+    hvdtrain.broadcast_parameters(trainer, step_samples(args) * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
     loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
-                log_interval=args.log_interval)
+                log_interval=args.log_interval, accumulate=args.accumulate)
     state = TrainState()
     if args.instrument:
-        return dist.rank, dist.num_workers, instrumented(loop, train_loader, args)
+        if args.accumulate > 1:
+            sys.exit("bench_worker: --instrument times one micro-batch per step; it does not "
+                     "take --accumulate")
+        return dist.rank, dist.num_workers, instrumented(loop, train_loader, args), {}
     loop.max_steps = args.warmup
     train_epoch(loop, train_loader, state)
     loop.max_steps = args.warmup + args.steps
     # The timed steps start a fresh pass over the data, so none of them is a short last
     # batch (check_enough made sure the pass is long enough).
+    sent = [link_bytes()]
     stats = train_epoch(loop, train_loader, state)
-    assert stats.samples == args.steps * args.batch_size * dist.num_workers, stats
+    sent.append(link_bytes())
+    assert stats.samples == args.steps * step_samples(args) * dist.num_workers, stats
     per_step = stats.seconds / args.steps
-    return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps
+    return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps, dict(
+        sent=sent, gradient_bytes=gradient_bytes(net, args))
 
 
 def timed_exchange(trainer, batch_size):
@@ -250,12 +294,22 @@ def run_and_report(args):
         logging.getLogger("hvdtrain").addHandler(logging.NullHandler())
     data = dataset(args)
     run = plain_loop if args.impl == "plain" else hvdtrain_loop
-    rank, size, timings = run(args, data)
+    rank, size, timings, link = run(args, data)
+    sent = link.get("sent", [None])
     step_time = sum(t for t, _ in timings)
+    timed_samples = step_samples(args) * len(timings)
     with open(f"{args.out}.rank{rank}.json", "w") as out:
         json.dump({
         "impl": args.impl, "data": args.data, "rank": rank, "ranks": size,
-        "img_per_sec": args.batch_size * len(timings) / step_time,
+        "img_per_sec": timed_samples / step_time,
+        "step_seconds": step_time / len(timings),
+        # Bytes sent on this network namespace's loopback over the timed steps, per sample
+        # trained by all ranks (= what each rank sends per sample it trains, the ranks being
+        # symmetric): meaningful only where the ranks are alone in a namespace
+        # (scripts/bench_link.py), and read by rank 0.
+        "link_bytes_per_sample": None if None in sent else
+        (sent[1] - sent[0]) / (timed_samples * size),
+        "gradient_bytes": link.get("gradient_bytes"),
         "allreduce_share": sum(a for _, a in timings) / step_time,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "omp_threads": os.environ.get("OMP_NUM_THREADS")}, out)
