@@ -42,6 +42,9 @@ ROWS = {
     "hvdtrain --accumulate 4": ("hvdtrain", ["--accumulate", "4"]),
     "hvdtrain --fp16-allreduce --accumulate 4": ("hvdtrain", ["--fp16-allreduce",
                                                               "--accumulate", "4"]),
+    # What docs/performance.md recommends at this link's compute-to-transfer ratio.
+    "hvdtrain --fp16-allreduce --accumulate 8": ("hvdtrain", ["--fp16-allreduce",
+                                                              "--accumulate", "8"]),
 }
 # A token bucket deeper than lo's 64 KiB packets (TSO), and a queue long enough that TCP is
 # slowed by the rate, not by drops.
@@ -185,7 +188,7 @@ def add_arguments(p):
                    "(both directions together; default: %(default)s)")
     p.add_argument("--delay", default="0.1ms", help="added one-way delay, where the kernel "
                    "has netem (default: %(default)s)")
-    p.add_argument("--micro-batches", type=int, default=12,
+    p.add_argument("--micro-batches", type=int, default=16,
                    help="timed micro-batches per rank and row (default: %(default)s)")
 
 
