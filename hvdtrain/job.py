@@ -154,6 +154,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         check_dataset(cfg.dataset, cfg.data_dir)
         run_dir = RunDir.decide(cfg)
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
+        run_dir.check_classes(getattr(data, "classes", None))
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)

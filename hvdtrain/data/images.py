@@ -102,7 +102,7 @@ class RecordSplit:
     def __init__(self, rec_path: str, idx_path: str):
         self.root = rec_path
         self.keys, self.offsets = read_idx(idx_path)
-        self._idx_path = idx_path
+        self.index_path = idx_path
         self._size = os.path.getsize(rec_path)
         self.fd = os.open(rec_path, os.O_RDONLY)
         # A copy cut short (a full disk, an interrupted rsync) is found now, not as one
@@ -156,7 +156,7 @@ class RecordSplit:
         return raw[start:], int(label)
 
     def fingerprint(self) -> str:
-        with open(self._idx_path, "rb") as src:
+        with open(self.index_path, "rb") as src:
             return hashlib.sha256(src.read()).hexdigest()[:16]
 
     def close(self) -> None:

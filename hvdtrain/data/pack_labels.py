@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -44,8 +44,30 @@ def record_class_names(data_dir: str, train: RecordSplit, test: RecordSplit) -> 
     if top is None:
         logger.warning("%s has no classes.txt or train.lst beside it: reading every "
                        "record's label to count the classes", data_dir)
-        top = max(label(train, i) for i in range(len(train)))
+        found = read_labels(train, np.arange(len(train)))
+        if not found:
+            raise DatasetError(f"{train.root} holds no readable record: copy the pack again "
+                               f"or re-pack it")
+        top = max(found)
     return [str(i) for i in range(top + 1)]
+
+
+def read_labels(split: RecordSplit, positions: np.ndarray) -> Dict[int, int]:
+    """{label: first position holding it} over the records at `positions` (read in file
+    order). A damaged record is passed over, as training skips it; refused in one line when
+    more than half of them are not records at all: the index was not made for this file."""
+    found, damaged = {}, 0
+    for position in positions[np.argsort(split.offsets[positions])]:
+        try:
+            found.setdefault(label(split, int(position)), int(position))
+        except BadSample:
+            damaged += 1
+    if damaged * 2 > len(positions):
+        raise DatasetError(f"{split.root} does not match its index {split.index_path}: "
+                           f"{damaged} of the {len(positions)} records read at the index's "
+                           f"offsets are not records there (an .idx made for another .rec, "
+                           f"or a damaged pack); copy the pack again or re-pack it")
+    return found
 
 
 def _listing_top(listing: str) -> int:
@@ -59,12 +81,7 @@ def check_labels(split: RecordSplit, num_classes: int, source: str, every_class:
     (as an empty class folder is refused)."""
     count = len(split)
     positions = np.unique(np.linspace(0, count - 1, min(count, LABELS_CHECKED)).astype(int))
-    found = {}
-    for position in positions[np.argsort(split.offsets[positions])]:  # in file order
-        try:
-            found.setdefault(label(split, int(position)), int(position))
-        except BadSample:
-            continue  # a damaged record: training skips it and says so
+    found = read_labels(split, positions)
     outside = sorted(l for l in found if not 0 <= l < num_classes)
     if outside:
         raise DatasetError(f"{source} names {num_classes} classes (labels 0-"

@@ -76,6 +76,28 @@ class RunDir:
             check_compatible(candidates[0].path, candidates[0].meta, cfg)
         return cls(cfg, candidates)
 
+    def check_classes(self, classes: Optional[List[str]]) -> None:
+        """Refuse, in one line, to resume a checkpoint trained on other class names (an
+        image folder's or pack's, saved in its meta): output ``i`` would go on meaning the
+        checkpoint's class ``i``, whatever the data now calls it. A class list of the same
+        length would otherwise load and train without a word."""
+        if not classes or not self.candidates:
+            return
+        path, saved = self.candidates[0].path, self.candidates[0].meta.get("classes")
+        if saved is None or list(saved) == list(classes):
+            return
+        gone, new = sorted(set(saved) - set(classes)), sorted(set(classes) - set(saved))
+
+        def few(names):
+            return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "") or "none"
+
+        what = (f"only in the checkpoint: {few(gone)}; only in --data-dir: {few(new)}"
+                if gone or new else "the same names in another order")
+        raise CheckpointError(f"cannot resume {path}: it was trained on {len(saved)} classes "
+                              f"and --data-dir {self.cfg.data_dir} has {len(classes)} ({what}): "
+                              f"resume with the data it was trained on, or start a new run "
+                              f"in another --output-dir")
+
     def restore(self, net, trainer, devices, dist, worker_batch: int,
                 train_length: int) -> TrainState:
         """Load the first candidate that loads into `net` and `trainer` and return the

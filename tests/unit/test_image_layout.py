@@ -136,3 +136,71 @@ def test_pack_errors_name_the_path(digit_images, tmp_path, capsys):
     assert run([str(tmp_path / "nowhere"), str(tmp_path / "pack")]) == 2
     err = capsys.readouterr().err.strip()
     assert "an image folder needs" in err and "--dataset" not in err, err
+
+
+@pytest.mark.parametrize("rename", ["digit0", "digit9"])
+def test_a_resume_on_other_class_names_is_refused_and_leaves_the_folder(folder_copy, tmp_path,
+                                                                        capfd, rename):
+    """Renaming a class folder keeps the count (10) but moves every class after it to
+    another output index (digit0 -> zzz sorts last); renaming the last keeps the order but
+    not the names. Either way the checkpoint's outputs no longer mean the data's classes:
+    refused in one line naming the newest checkpoint, before anything is written."""
+    from helpers import folder_digest
+    out_dir = str(tmp_path / "run")
+    code, _ = main_in_process(["--dataset", "imagefolder", "--data-dir", folder_copy,
+                               "--output-dir", out_dir, "--model", "mlp", *ARGS], capfd)
+    assert code == 0
+    for split in ("train", "val"):
+        os.rename(os.path.join(folder_copy, split, rename),
+                  os.path.join(folder_copy, split, "zzz"))
+    before = folder_digest(out_dir)
+    code, lines = main_in_process(["--dataset", "imagefolder", "--data-dir", folder_copy,
+                                   "--output-dir", out_dir, "--model", "mlp", "--resume",
+                                   "auto", "--no-cuda", "--kvstore", "none", "--epochs", "2",
+                                   "--image-size", "16"], capfd)
+    assert code == 2 and len(lines) == 1, lines
+    assert "epoch-0001" in lines[0] and "trained on 10 classes" in lines[0], lines[0]
+    assert f"only in the checkpoint: {rename}; only in --data-dir: zzz" in lines[0], lines[0]
+    assert folder_digest(out_dir) == before
+
+
+def _damage_records(pack, count):
+    """Overwrite `count` records of train.rec in the middle (their heads included)."""
+    with open(os.path.join(pack, "train.idx")) as src:
+        offsets = sorted(int(line.split("\t")[1]) for line in src if line.strip())
+    middle = len(offsets) // 2
+    with open(os.path.join(pack, "train.rec"), "r+b") as rec:
+        rec.seek(offsets[middle])
+        rec.write(os.urandom(offsets[middle + count] - offsets[middle]))
+
+
+def test_a_pack_without_class_names_trains_past_damaged_records(pack_copy, capfd):
+    """No classes.txt (as im2rec leaves a pack once train.lst is gone): the classes are
+    counted from the records' labels, and a damaged record is passed over there as in
+    training (it ended the run with a traceback)."""
+    os.remove(os.path.join(pack_copy, "classes.txt"))
+    _damage_records(pack_copy, 4)
+    code, lines = main_in_process(["--dataset", "recordio", "--data-dir", pack_copy,
+                                   "--model", "mlp", *ARGS], capfd)
+    assert code == 0, lines
+    assert not any("Traceback" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("classes", [True, False], ids=["classes.txt", "no-classes"])
+def test_an_index_not_made_for_its_pack_is_named(pack_copy, capfd, classes):
+    """Every offset of train.idx moved by 8 bytes (an index of another pack): refused as an
+    index that does not match, not blamed on the class list."""
+    idx = os.path.join(pack_copy, "train.idx")
+    with open(idx) as src:
+        rows = [line.split("\t") for line in src if line.strip()]
+    with open(idx, "w") as out:
+        out.writelines(f"{key}\t{int(offset) + 8}\n" for key, offset in rows)
+    if not classes:
+        os.remove(os.path.join(pack_copy, "classes.txt"))
+    code, lines = main_in_process(["--dataset", "recordio", "--data-dir", pack_copy, *ARGS],
+                                  capfd)
+    # Without classes.txt the warning that labels are being counted comes first.
+    assert code == 2 and len(lines) == (1 if classes else 2), lines
+    line = lines[-1]
+    assert line.startswith("hvdtrain: error: "), lines
+    assert f"does not match its index {idx}" in line and "re-pack" in line, line
