@@ -26,7 +26,7 @@ from .data.datasets import check_dataset, load_dataset
 from .store.dist import DistContext, select_devices, share_cpu_threads
 from .store.kvstore import create_store
 from .runtime.lifeline import LauncherWatch, launcher_chain
-from .report.log import MetricsWriter, setup_logging
+from .report.log import MetricsWriter, launch_rank, setup_logging
 from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
@@ -146,7 +146,9 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
     launcher that started it is gone.
     """
-    setup_logging(rank=0)
+    # Until the store knows the rank, the launcher's numbering tags the lines (and keeps
+    # the INFO lines of ranks other than 0 quiet).
+    setup_logging(launch_rank())
     watchdog = Watchdog(cfg.stall_timeout)
     with ExitStack() as until_the_end:  # each guard entered here lasts until the run ends
         until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))

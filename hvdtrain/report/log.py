@@ -44,6 +44,20 @@ def error_line(text: str) -> None:
     sys.stderr.flush()
 
 
+# Where launchers put a process's rank: horovodrun with Gloo, then Open MPI, MPICH/PMI, PMIx.
+RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def launch_rank(environ=os.environ) -> int:
+    """This process's rank as its launcher numbered it (0 when none did): the tag for the
+    lines logged before the store knows the rank."""
+    for name in RANK_VARIABLES:
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def setup_logging(rank: int, stream=None) -> logging.Logger:
     """Configure the ``hvdtrain`` logger for a process of rank `rank`.
 

@@ -204,3 +204,19 @@ def test_an_index_not_made_for_its_pack_is_named(pack_copy, capfd, classes):
     line = lines[-1]
     assert line.startswith("hvdtrain: error: "), lines
     assert f"does not match its index {idx}" in line and "re-pack" in line, line
+
+
+def test_lines_before_the_store_carry_the_launchers_rank(pack_copy, capfd, monkeypatch):
+    """A warning logged while the data opens, before the store knows the rank, is tagged
+    with the rank the launcher gave this process (it said [rank 0] on every rank)."""
+    from hvdtrain.report.log import launch_rank
+    assert launch_rank({}) == 0
+    assert launch_rank({"OMPI_COMM_WORLD_RANK": "3"}) == 3
+    assert launch_rank({"HOROVOD_RANK": "2", "OMPI_COMM_WORLD_RANK": "5"}) == 2
+    os.remove(os.path.join(pack_copy, "classes.txt"))
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    code, lines = main_in_process(["--dataset", "recordio", "--data-dir", pack_copy,
+                                   "--model", "mlp", *ARGS], capfd)
+    assert code == 0, lines
+    warning = [l for l in lines if "has no classes.txt" in l]
+    assert len(warning) == 1 and "[rank 1] WARNING" in warning[0], lines
