@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 
 from .datasets import DatasetError
 from .images import SPLITS, BadSample, open_folder
+from .paths import check_folder
 from .transforms import decodes
 
 
@@ -51,6 +52,10 @@ def pack_split(split, prefix: str) -> Tuple[int, int]:
 def pack_folder(images_dir: str, pack_dir: str) -> List[Tuple[int, int]]:
     """Pack both splits of `images_dir` into `pack_dir`; return (packed, skipped) counts
     per split."""
+    check_folder(images_dir, "IMAGES_DIR")
+    if os.path.exists(pack_dir) and not os.path.isdir(pack_dir):
+        raise DatasetError(f"PACK_DIR {pack_dir} is not a folder: give the folder to write "
+                           f"the pack into (it is made if missing)")
     classes, train, val = open_folder(images_dir)
     os.makedirs(pack_dir, exist_ok=True)
     with open(os.path.join(pack_dir, "classes.txt"), "w", encoding="utf-8") as out:
@@ -77,7 +82,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     (train, train_skipped), (val, val_skipped) = counts
     skipped = train_skipped + val_skipped
     print(f"packed {train} train and {val} val images into {args.pack_dir}"
-          + (f"; skipped {skipped} that cannot be decoded ({train_skipped} train, "
+          + (f"; skipped {skipped} that cannot be read or decoded ({train_skipped} train, "
              f"{val_skipped} val; each named in a warning)" if skipped else ""))
     return 0
 

@@ -126,14 +126,22 @@ def test_an_unusable_data_dir_says_what_is_wrong(folder_copy, tmp_path, capfd, m
 
 
 def test_pack_errors_name_the_path(digit_images, tmp_path, capsys):
-    """hvdtrain-pack into a file (or a folder it cannot make) said only "File exists"."""
+    """hvdtrain-pack into a file said only "File exists"; from a folder that does not exist
+    it named IMAGES_DIR/train, not the folder."""
     from hvdtrain.data.pack import run
     taken = tmp_path / "a-file"
     taken.write_text("x")
     assert run([digit_images[0], str(taken)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("hvdtrain-pack: error: ") and str(taken) in err and "\n" not in err
-    assert run([str(tmp_path / "nowhere"), str(tmp_path / "pack")]) == 2
+    assert err == (f"hvdtrain-pack: error: PACK_DIR {taken} is not a folder: give the folder "
+                   f"to write the pack into (it is made if missing)"), err
+    nowhere = tmp_path / "nowhere"
+    assert run([str(nowhere), str(tmp_path / "pack")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hvdtrain-pack: error: IMAGES_DIR {nowhere} does not exist"), err
+    assert "--dataset" not in err and "\n" not in err, err
+    (nowhere / "train").mkdir(parents=True)
+    assert run([str(nowhere), str(tmp_path / "pack")]) == 2
     err = capsys.readouterr().err.strip()
     assert "an image folder needs" in err and "--dataset" not in err, err
 

@@ -271,7 +271,7 @@ def test_pack_skips_and_counts_images_that_do_not_decode(digit_images, tmp_path,
     captured = capsys.readouterr()
     files = load_images("imagefolder", bad_folder)
     assert (f"packed {len(files.train) - 1} train and {len(files.test) - 1} val images"
-            in captured.out and "skipped 2 that cannot be decoded (1 train, 1 val" in
+            in captured.out and "skipped 2 that cannot be read or decoded (1 train, 1 val" in
             captured.out), captured.out
     warnings = [l for l in captured.err.splitlines() if l.startswith("hvdtrain-pack: warning")]
     assert len(warnings) == 2 and corrupt in warnings[0] and not_image in warnings[1], warnings
