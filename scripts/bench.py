@@ -18,12 +18,10 @@ Every process runs with one OpenMP thread, as in the figures the issue quotes.
 import argparse
 import json
 import os
-import signal
 import sys
-import tempfile
 
 import bench_link
-from bench_runs import STOP_SIGNALS, Interrupted, Results, Runs, hold_machine_lock, interrupt
+from bench_runs import Results, hold_machine_lock, measure_until_stopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -151,20 +149,8 @@ def main():
     if load > 0.5 * os.cpu_count():
         print(f"bench: load average {load:.2f} at start: other work is running, and the "
               "figures will be low and noisy", file=sys.stderr)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, interrupt)
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = Runs(tmp, env)
-        try:
-            measure_all(args, tmp, runs, results)
-        except Interrupted as stop:
-            runs.stop_all()
-            print(f"bench: stopped by {stop}: {len(results.rows)} rows measured, written to "
-                  f"{args.json}", file=sys.stderr)
-            sys.exit(stop.status)
-        finally:
-            runs.stop_all()
+    measure_until_stopped(lambda tmp, runs: measure_all(args, tmp, runs, results), results,
+                          "bench", args.json)
     results.write(complete=True)
     for row in results.rows:
         print(json.dumps(row))

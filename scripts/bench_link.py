@@ -23,12 +23,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 
-from bench_runs import Interrupted, Results, Runs, STOP_SIGNALS, hold_machine_lock, interrupt
+from bench_runs import Results, hold_machine_lock, measure_until_stopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -228,18 +226,8 @@ def main():
     lock = hold_machine_lock()  # noqa: F841  (held until the process ends)
     results = Results(args.json, args.micro_batches, args.model)
     results.check_writable()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ["PATH"])
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, interrupt)
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = Runs(tmp, env)
-        try:
-            link_rows(runs, args, results.add)
-        except Interrupted as stop:
-            runs.stop_all()
-            sys.exit(stop.status)
-        finally:
-            runs.stop_all()
+    measure_until_stopped(lambda _tmp, runs: link_rows(runs, args, results.add), results,
+                          "bench_link", args.json)
     results.write(complete=True)
     print(table(results.rows))
     print(f"\nload average at start {results.head['load_average_at_start']:.2f}, "

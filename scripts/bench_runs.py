@@ -112,6 +112,28 @@ def interrupt(signum, _frame):
     raise Interrupted(signum)
 
 
+def measure_until_stopped(measure, results, name, json_path):
+    """Call ``measure(folder, runs)`` in a scratch folder, every process with one OpenMP
+    thread and this Python's tools first on PATH. A stop signal ends every run it started,
+    says how many rows were measured (`results` already holds them in `json_path`) and
+    exits with the signal's status."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, interrupt)
+    with tempfile.TemporaryDirectory() as folder:
+        runs = Runs(folder, env)
+        try:
+            measure(folder, runs)
+        except Interrupted as stop:
+            runs.stop_all()
+            print(f"{name}: stopped by {stop}: {len(results.rows)} rows measured, written to "
+                  f"{json_path}", file=sys.stderr)
+            sys.exit(stop.status)
+        finally:
+            runs.stop_all()
+
+
 def hold_machine_lock():
     """One bench per machine: two at once share the cores and both measure nonsense.
     Returns the open lock file (the kernel drops the lock when this process ends)."""

@@ -76,6 +76,11 @@ def long_job():
         return proc, tag, victims
 
     yield start
+    _kill_jobs(started)
+
+
+def _kill_jobs(started):
+    """SIGKILL each (launcher, tag) job's process group and every process with its tag."""
     for proc, tag in started:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -158,11 +163,7 @@ def frozen_jobs(tmp_path_factory):
         except (AssertionError, pytest.fail.Exception) as err:
             jobs[name] = f"{name}: {err}"
     yield jobs
-    for proc, tag in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        kill_tagged(tag)
-        proc.wait()
+    _kill_jobs(started)
 
 
 @pytest.mark.slow  # waits out a 30 s stall timeout after start-up (once for all four)
