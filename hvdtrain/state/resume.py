@@ -111,15 +111,20 @@ def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker
                        "optimizer starts afresh (momentum from zero)", path)
     apply_settings(trainer, cfg)
     loss_scale.restore_loss_scale(trainer, meta)
-    global_batch = worker_batch * dist.num_workers
+    # A step's samples: every worker's batch, times the micro-batches it accumulates.
+    global_batch = worker_batch * dist.num_workers * cfg.accumulate
     saved_batch, saved_workers = meta.get("global_batch"), meta.get("num_workers")
+    saved_accumulate = int(meta.get("config", {}).get("accumulate", 1))
     if saved_batch not in (None, global_batch):
-        saved_per_worker = saved_batch // saved_workers if saved_workers else "?"
-        logger.warning("resuming with a global batch of %d instead of %d (%d worker%s x %d "
-                       "instead of %s x %s): steps per epoch change, --lr now applies to the "
+        saved_per_worker = saved_batch // (saved_workers * saved_accumulate) \
+            if saved_workers else "?"
+        micro = (f" x {cfg.accumulate} micro-batches", f" x {saved_accumulate}") \
+            if max(cfg.accumulate, saved_accumulate) > 1 else ("", "")
+        logger.warning("resuming with a global batch of %d instead of %d (%d worker%s x %d%s "
+                       "instead of %s x %s%s): steps per epoch change, --lr now applies to the "
                        "new global batch", global_batch, saved_batch, dist.num_workers,
-                       "" if dist.num_workers == 1 else "s", worker_batch, saved_workers,
-                       saved_per_worker)
+                       "" if dist.num_workers == 1 else "s", worker_batch, micro[0],
+                       saved_workers, saved_per_worker, micro[1])
     changes = changed_settings(meta, cfg, dist.num_workers)
     if changes:
         logger.info("resume changes: %s", ", ".join(changes))

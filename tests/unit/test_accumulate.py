@@ -118,3 +118,18 @@ def test_every_sample_enters_one_step_and_the_last_step_takes_the_rest(monkeypat
     # 44 full micro-batches of 32 and one of 29: 11 steps of 4 x 32, the last of 29.
     assert step_batches == [128] * 11 + [29]
     assert epochs[0].steps == 12 and epochs[0].samples == 1437 and epochs[0].complete
+
+
+def test_the_global_batch_counts_the_micro_batches_in_checkpoints_and_resumes(tmp_path, capsys):
+    """meta.json's global batch and the resume warning count the micro-batches: they said
+    64 for 4 micro-batches of 64, and warned of 64 -> 128 where the step went 256 -> 128."""
+    run = dict(batch_size=64, epochs=2, output_dir=str(tmp_path), **BASE)
+    train(TrainConfig(accumulate=4, epochs=1, **{k: v for k, v in run.items()
+                                                 if k != "epochs"}), devices=ONE)
+    with open(tmp_path / "checkpoints" / "epoch-0001" / "meta.json") as src:
+        assert json.load(src)["global_batch"] == 256
+    capsys.readouterr()
+    train(TrainConfig(accumulate=2, resume="auto", **run), devices=ONE)
+    err = capsys.readouterr().err
+    assert ("resuming with a global batch of 128 instead of 256 (1 worker x 64 x 2 "
+            "micro-batches instead of 1 x 64 x 4)") in err, err
