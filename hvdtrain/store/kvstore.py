@@ -14,6 +14,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
+from ..config import ConfigError
+
 NATIVE_STORES = ("local", "device", "dist_sync", "dist_device_sync", "dist_async")
 
 # Set before hvd.init() unless the user set them. Open MPI busy-polls while it waits; when
@@ -272,6 +274,11 @@ def create_store(name: Optional[str], **options):
         if options:
             raise ValueError(f"the {name} store takes no options, got "
                              f"{', '.join(sorted(options))}")
+        if name.startswith("dist") and "DMLC_ROLE" not in os.environ:
+            # MXNet would stop on a missing DMLC_NUM_WORKER with a C++ check and a traceback.
+            raise ConfigError(f"--kvstore {name} runs under the parameter-server launcher: "
+                              f"start it with hvdtrain-launch (docs/parameter-server.md), or "
+                              f"use --kvstore horovod under horovodrun")
         return mx.kv.create(name)
     raise ValueError(f"unknown kvstore {name!r}; expected horovod, none or one of "
                      f"{', '.join(NATIVE_STORES)}")

@@ -76,3 +76,16 @@ def test_a_peer_gone_is_one_line_not_a_traceback(monkeypatch, capfd):
     assert code == 1
     assert lines == ["hvdtrain: error: Horovod has been shut down: another rank failed or "
                      "left the job (see its output)"]
+
+
+@pytest.mark.parametrize("store", ["dist_sync", "dist_async"])
+def test_a_parameter_server_store_outside_its_launcher_is_one_line(store, capfd, monkeypatch):
+    """Without hvdtrain-launch (no DMLC_ROLE) MXNet stopped on a C++ check with a
+    traceback; now one line names the launcher."""
+    from helpers import main_in_process
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    code, lines = main_in_process(["--dataset", "digits", "--no-cuda", "--epochs", "1",
+                                   "--kvstore", store], capfd)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"hvdtrain: error: --kvstore {store} runs under the "
+                               f"parameter-server launcher: start it with hvdtrain-launch"), lines
