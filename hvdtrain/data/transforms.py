@@ -9,8 +9,8 @@ with ImageNet's mean/std normalisation, channels first.
 Every random draw comes from ``numpy.random.default_rng([seed, epoch, sample])``, so an image
 is transformed the same whichever thread or process does it, and a resumed epoch repeats it.
 
-Decoding is Pillow's (libjpeg-turbo; a 500x375 JPEG costs about two thirds of what
-``cv2.imdecode`` costs here, and comes out RGB), resizing OpenCV's (``cv2.resize``); both
+Decoding is Pillow's (libjpeg-turbo; a 500x375 JPEG takes about half the instructions
+of ``cv2.imdecode`` here, and comes out RGB), resizing OpenCV's (``cv2.resize``); both
 release the GIL, so ``--data-workers`` threads decode in parallel. A JPEG is decoded at 1/2,
 1/4 or 1/8 scale (libjpeg's DCT scaling, Pillow's ``draft``) when the crop stays at least
 the output size, which is most of the cost saved on large photos. Where Pillow's decoder

@@ -3,7 +3,9 @@
 Gluon has no public way to set up a Trainer's store before its first step
 (:func:`set_up_store`), to give a parameter a gradient array of the caller's choosing
 (:func:`rehome_gradient`), or to see which array backward will really write a gradient into
-(:func:`bound_gradient_addresses`). All are needed (the broadcast before the first forward
+(:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory
+or skip its first-step broadcast (the elastic state: :func:`optimizer_states`,
+:func:`set_optimizer_states`, :func:`skip_first_step_broadcast`). All are needed (the broadcast before the first forward
 pass, zero-copy gradient buckets that stay correct whatever the user does to parameters), so
 the private calls live here, behind a version check: a different MXNet fails loudly at
 import instead of training subtly wrong.
@@ -91,3 +93,52 @@ def set_up_store(trainer, batch_size: int) -> None:
     if not trainer._kv_initialized:  # pylint: disable=protected-access
         trainer._init_kvstore()  # pylint: disable=protected-access
     trainer._init_params()  # pylint: disable=protected-access
+
+
+def updates_on_store(trainer) -> bool:
+    """Whether `trainer` runs its optimizer in its store (``update_on_kvstore``)."""
+    return bool(getattr(trainer, "_update_on_kvstore", False))  # pylint: disable=protected-access
+
+
+def store_of(trainer):
+    """The store `trainer` was given (a KVStore, its name, or None) and its contexts."""
+    return (trainer._kvstore_params.get("kvstore"),  # pylint: disable=protected-access
+            trainer._contexts)  # pylint: disable=protected-access
+
+
+def params_by_place(net) -> dict:
+    """Every array of `net` by its place in the net ("0.weight", "1.running_mean"), as
+    ``save_parameters`` names them: the same in every process, whatever name prefixes the
+    process happened to hand out."""
+    return net._collect_params_with_prefix()  # pylint: disable=protected-access
+
+
+def optimizer_states(trainer) -> bytes:
+    """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
+    optimizer object itself (update counts, the learning-rate scheduler)."""
+    return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
+
+
+def set_optimizer_states(trainer, blob: bytes) -> None:
+    """``Trainer.load_states`` from memory (MXNet 1.9.1 gluon/trainer.py), without its
+    store initialisation: that is a collective, and an elastic restore runs on survivors
+    alone."""
+    # pylint: disable=protected-access
+    for updater in trainer._updaters:
+        updater.set_states(blob)
+        updater.optimizer = trainer._updaters[0].optimizer
+    trainer._optimizer = trainer._updaters[0].optimizer
+    trainer._optimizer.param_dict = {i: p for i, p in enumerate(trainer._params)}
+
+
+def skip_first_step_broadcast(trainer) -> None:
+    """Tell a trainer with a store that its parameters are already the same everywhere.
+
+    ``gluon.Trainer`` broadcasts every parameter through its store on its first step
+    (``_init_params``). A worker joining a running elastic job would make that broadcast
+    alone while the others, past their first step, reduce gradients, and hang. A sync has
+    just written rank 0's values everywhere, so the broadcast is owed no more."""
+    # pylint: disable=protected-access
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()  # creates the store's bindings; no collective
+    trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]

@@ -28,9 +28,11 @@ import mxnet as mx
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from .elastic_run import collective_errors
+from ..runtime.elastic_run import collective_errors
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
+from ..store.gluon_internals import (optimizer_states, params_by_place, set_optimizer_states,
+                                     skip_first_step_broadcast, store_of, updates_on_store)
 
 # Every rank must name a broadcast alike: horovod.mxnet's broadcast_object otherwise names it
 # after type(obj), and ranks passing different types wait on each other for ever.
@@ -79,11 +81,11 @@ class GluonState(ObjectState):
     def __init__(self, net, trainer, position: Optional[TrainState] = None,
                  bcast_object: Optional[Callable] = None, get_rank: Optional[Callable] = None,
                  **values):
-        if getattr(trainer, "_update_on_kvstore", False):
+        if updates_on_store(trainer):
             raise ValueError("elastic state needs a trainer that updates on the workers "
                              "(update_on_kvstore=False): the store would hold the optimizer")
         if not _store_is_elastic(trainer):
-            store = trainer._kvstore_params.get("kvstore")
+            store, _ = store_of(trainer)
             raise ValueError("elastic state needs a Horovod store or none (horovod.mxnet's "
                              f"DistributedTrainer), not {getattr(store, 'type', store)!r}")
         self.net, self.trainer = net, trainer
@@ -124,7 +126,7 @@ class GluonState(ObjectState):
                              dataclasses.asdict(self._saved_position)),
                             _BCAST_NAME.format("model"))
         arrays, optimizer, loss_scale, position = saved
-        _skip_first_step_broadcast(self.trainer)
+        skip_first_step_broadcast(self.trainer)
         self._saved_arrays, self._saved_optimizer = arrays, optimizer
         self._saved_loss_scale, self._saved_position = loss_scale, TrainState(**position)
         self._load_model(arrays, optimizer, loss_scale, self._saved_position)
@@ -135,57 +137,29 @@ class GluonState(ObjectState):
     def _save_model(self):
         # asnumpy() waits for the engine: the copy is of finished values, never of arrays
         # that an update still writes.
-        self._saved_arrays = {name: p.data().asnumpy() for name, p in _params(self.net).items()}
-        self._saved_optimizer = self.trainer._updaters[0].get_states(dump_optimizer=True)
+        self._saved_arrays = {name: p.data().asnumpy()
+                              for name, p in params_by_place(self.net).items()}
+        self._saved_optimizer = optimizer_states(self.trainer)
         self._saved_loss_scale = loss_scale_state(self.trainer)
         self._saved_position = dataclasses.replace(self.position)
 
     def _load_model(self, arrays, optimizer, loss_scale, position):
-        params = _params(self.net)
+        params = params_by_place(self.net)
         missing = sorted(set(params.keys()) ^ set(arrays))
         if missing:
             raise ValueError(f"elastic state does not match the net: {missing[:3]}")
         for name, p in params.items():
             p.set_data(mx.nd.array(arrays[name], dtype=arrays[name].dtype))
-        _set_optimizer_states(self.trainer, optimizer)
+        set_optimizer_states(self.trainer, optimizer)
         restore_loss_scale(self.trainer, loss_scale)
         self.position = dataclasses.replace(position)
-
-
-def _params(net):
-    """Every array of `net` by its place in the net ("0.weight", "1.running_mean"), as
-    ``save_parameters`` names them: the same on every rank, whatever name prefixes the
-    process happened to hand out."""
-    return net._collect_params_with_prefix()
 
 
 def _store_is_elastic(trainer) -> bool:
     """A Horovod store, or none: a store name on one device creates no store (``'device'``,
     Gluon's default). MXNet's own stores register every key at the first step's broadcast,
-    which a sync skips (:func:`_skip_first_step_broadcast`)."""
-    store = trainer._kvstore_params.get("kvstore")
+    which a sync skips (``skip_first_step_broadcast``)."""
+    store, contexts = store_of(trainer)
     if isinstance(store, str):
-        return "dist" not in store and len(trainer._contexts) == 1
+        return "dist" not in store and len(contexts) == 1
     return store is None or getattr(store, "type", None) == "horovod"
-
-
-def _skip_first_step_broadcast(trainer) -> None:
-    """Tell a trainer with a store that its parameters are already the same everywhere.
-
-    ``gluon.Trainer`` broadcasts every parameter through its store on its first step
-    (``_init_params``, MXNet 1.9.1). A worker joining a running job would do that broadcast
-    alone while the others, past their first step, reduce gradients: the spike saw it hang.
-    A sync has just written rank 0's values everywhere, so the broadcast is owed no more."""
-    if not trainer._kv_initialized:
-        trainer._init_kvstore()  # creates the store's bindings; no collective
-    trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
-
-
-def _set_optimizer_states(trainer, blob: bytes) -> None:
-    """``Trainer.load_states`` from memory (MXNet 1.9.1 gluon/trainer.py), without its
-    kvstore initialisation: that is a collective, and a restore runs on survivors alone."""
-    for updater in trainer._updaters:
-        updater.set_states(blob)
-        updater.optimizer = trainer._updaters[0].optimizer
-    trainer._optimizer = trainer._updaters[0].optimizer
-    trainer._optimizer.param_dict = {i: p for i, p in enumerate(trainer._params)}
