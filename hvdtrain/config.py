@@ -165,6 +165,14 @@ class TrainConfig:
     gpus_per_worker: Optional[int] = option(
         None, "each worker drives this many GPUs, picked by its local rank",
         group="distribution", range=POSITIVE)
+    elastic: bool = option(
+        False, "survive lost and added hosts under horovodrun --min-np/--max-np "
+        "--host-discovery-script: on a failure the others roll back to the last commit and "
+        "go on (docs/elastic.md)", group="distribution", kind="switch")
+    commit_every: int = option(
+        20, "with --elastic: keep a copy of the model, optimizer and position in memory "
+        "every N steps (and at every epoch's end); a failure costs at most N steps, and a "
+        "host that joins enters at the next commit", group="distribution", range=POSITIVE)
     # output
     output_dir: Optional[str] = option(
         None, "where rank 0 writes metrics.jsonl, checkpoints/ and model.params",
@@ -300,6 +308,24 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--lr-decay-epochs must be positive epoch numbers")
     if list(cfg.lr_decay_epochs) != sorted(set(cfg.lr_decay_epochs)):
         raise ConfigError("--lr-decay-epochs must be increasing")
+    if cfg.elastic:
+        check_elastic(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
+
+
+def check_elastic(cfg: TrainConfig) -> None:
+    """What ``--elastic`` needs of the other options (docs/elastic.md)."""
+    if cfg.kvstore != "horovod":
+        raise ConfigError(f"--elastic runs under Horovod's elastic driver: it needs --kvstore "
+                          f"horovod, not {cfg.kvstore}")
+    if cfg.sampling != "strided":
+        # A contiguous part skips processed // num_parts of its own block: right only with
+        # the worker count the epoch started with.
+        raise ConfigError("--elastic re-splits an epoch's remaining samples over the workers "
+                          "left: it needs --sampling strided")
+    if cfg.output_dir and not cfg.resume:
+        raise ConfigError("--elastic with --output-dir needs --resume auto: a worker that "
+                          "joins later, or a relaunch, must continue from the checkpoints "
+                          "the job wrote, not refuse them")

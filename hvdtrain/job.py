@@ -31,6 +31,8 @@ from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.build import broadcast_parameters, build_trainer, initialize
+from .loop.elastic_fit import fit_elastic
+from .store.gluon_internals import skip_first_step_broadcast
 from .loop.fit import Outputs, fit
 from .loop.together import write_together
 from .runtime.pulse import JobPulse
@@ -116,7 +118,10 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
     setup_logging(dist.rank)
     watchdog.set_rank(dist.rank)
     watchdog.beat("start-up (store created)")
-    JobPulse.watch(watchdog, dist)  # from here, progress on any rank counts
+    if not cfg.elastic:
+        # The pulse's collectives run on a thread of their own and would not survive an
+        # elastic reset (Horovod restarts under them); Horovod's driver watches instead.
+        JobPulse.watch(watchdog, dist)  # from here, progress on any rank counts
     threads = share_cpu_threads(dist.local_size)
     if threads:
         logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
@@ -155,6 +160,10 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))
         check_model_name(cfg.model_name)  # what the command names, before the folder
         check_dataset(cfg.dataset, cfg.data_dir)
+        if cfg.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
+            raise ConfigError("--elastic runs under Horovod's elastic driver: start it with "
+                              "horovodrun -np N --min-np M --host-discovery-script SCRIPT "
+                              "(docs/elastic.md)")
         run_dir = RunDir.decide(cfg)
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
         run_dir.check_classes(getattr(data, "classes", None))
@@ -173,17 +182,44 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         policy.prepare_model(net)
         trainer = build_trainer(net, cfg, dist, policy)
         policy.prepare_trainer(trainer)
+        if cfg.elastic:
+            # Loading a checkpoint's optimizer states would make the trainer broadcast its
+            # parameters first: a collective that a worker joining a running job would make
+            # alone, and hang. The elastic loop's sync broadcasts them instead.
+            skip_first_step_broadcast(trainer)
         state = run_dir.restore(net, trainer, devices, dist, worker_batch, data.num_train)
         watchdog.beat("start-up (trainer ready)")
+        if cfg.elastic:
+            # No collective before the elastic loop: a worker that joins a running job
+            # meets the others first at the loop's sync (which also broadcasts rank 0's
+            # parameters), and the folder is claimed again after every reset.
+            until_the_end.callback(run_dir.release)
+            dist, result = fit_elastic(
+                net, trainer, data, devices, dist.store, cfg, state, run_dir, watchdog,
+                policy, lambda now: _outputs(cfg, now, worker_batch, data),
+                lambda now: _finish(cfg, net, now, watchdog))
+            return Run(net, trainer, dist, result)
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
-        outputs = build_outputs(cfg, dist, worker_batch)
-        if data.streamed:  # what each output index means, for whoever uses the model later
-            outputs.checkpointer.meta["classes"] = list(data.classes)
+        outputs = _outputs(cfg, dist, worker_batch, data)
         result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
-        if cfg.output_dir:
-            write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog),
-                           "the end")
+        _finish(cfg, net, dist, watchdog)
         return Run(net, trainer, dist, result)
+
+
+def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data) -> Outputs:
+    """The run's outputs; a streamed dataset's checkpoints name its classes."""
+    outputs = build_outputs(cfg, dist, worker_batch)
+    if data.streamed:  # what each output index means, for whoever uses the model later
+        outputs.checkpointer.meta["classes"] = list(data.classes)
+    return outputs
+
+
+def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog) -> None:
+    """After the last epoch: rank 0 saves the parameters, and every rank learns whether
+    it could."""
+    if cfg.output_dir:
+        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog),
+                       "the end")

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import mxnet as mx
 
@@ -133,11 +133,13 @@ def _checkpoint(outputs: Outputs, net, trainer, state: TrainState, last: bool,
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
         outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
         watchdog: Optional[Watchdog] = None,
-        policy: Optional[precision.Precision] = None) -> dict:
+        policy: Optional[precision.Precision] = None,
+        commit: Optional[Callable[[TrainState, bool], None]] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step and evaluation
     batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
-    (default: the configuration's) says how the steps compute."""
+    (default: the configuration's) says how the steps compute. `commit(state, epoch_end)`
+    is called after every step and at every epoch's end (elastic training's commit)."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -157,7 +159,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
-                cfg.accumulate)
+                cfg.accumulate, commit)
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -208,6 +210,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         write_together(dist, lambda: _epoch_outputs(
             outputs, net, trainer, state, record, stopping or state.epoch == cfg.epochs,
             watchdog), f"step {state.step}")
+        if commit is not None:
+            commit(state, True)
         if stopping:
             break
     total_time = time.perf_counter() - run_start

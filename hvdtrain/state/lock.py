@@ -16,11 +16,23 @@ from typing import Optional
 LOCK_FILE = ".hvdtrain.lock"
 
 
+def elastic_job(environ=os.environ) -> Optional[str]:
+    """The elastic job this process belongs to (its Horovod rendezvous ``ADDR:PORT``), or
+    None outside Horovod's elastic driver. A worker that joins a running elastic job finds
+    the folder locked by that same job's rank 0: this tells it apart from another run."""
+    if environ.get("HOROVOD_ELASTIC") != "1":
+        return None
+    addr = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    return f"{addr}:{port}" if addr and port else None
+
+
 class OutputLock:
     """Rank 0's exclusive claim on an output folder (``flock``, non-blocking)."""
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, job: Optional[str] = None):
         self.output_dir = output_dir
+        self.job = job  # elastic_job(): workers of one elastic job share the folder
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._file = None
 
@@ -34,13 +46,15 @@ class OutputLock:
             return False
         handle.seek(0)
         handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        job = f" (elastic job {self.job})" if self.job else ""
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}{job}\n")
         handle.flush()
         self._file = handle
         return True
 
     def held_by_another(self) -> Optional[str]:
-        """Who holds the lock now, if another process does; the file is left as it is."""
+        """Who holds the lock now, if another process of another job does; the file is
+        left as it is."""
         try:
             probe = open(self.path, encoding="utf-8")  # pylint: disable=consider-using-with
         except OSError:
@@ -49,7 +63,10 @@ class OutputLock:
             try:
                 fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                return self.holder()
+                holder = self.holder()
+                if self.job and holder.endswith(f"(elastic job {self.job})"):
+                    return None  # this elastic job's own rank 0
+                return holder
             fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
         return None
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import List, Optional
 
 import mxnet as mx
@@ -26,7 +27,7 @@ import mxnet as mx
 from .checkpoint import clear_leftovers
 from .checkpoint_files import CHECKPOINTS, CheckpointError, missing_files, named_checkpoints
 from ..config import ConfigError, TrainConfig
-from .lock import OutputLock
+from .lock import OutputLock, elastic_job
 from .resume import check_compatible, resumed_state
 from .resume_from import Candidate, resolve_resume, restore
 from .train_state import TrainState
@@ -63,7 +64,7 @@ class RunDir:
         half-pruned under that run, and any advice about them would be refused as well.
         """
         if cfg.output_dir:
-            holder = OutputLock(cfg.output_dir).held_by_another()
+            holder = OutputLock(cfg.output_dir, elastic_job()).held_by_another()
             if holder:
                 raise ConfigError(f"--output-dir {cfg.output_dir} is in use by another run "
                                   f"({holder}): wait for it to end, or give another "
@@ -119,17 +120,24 @@ class RunDir:
         return resumed_state(found.path, found.meta, trainer, dist, self.cfg, worker_batch,
                              train_length)
 
-    def claim(self, dist) -> "RunDir":
+    def claim(self, dist, elastic: bool = False) -> "RunDir":
         """Rank 0 checks the folder is writable, locks it and clears what interrupted saves
         left. One collective then tells every rank whether the folder was free, and checks
         that they all continue from the same position (a rank that loaded another checkpoint
         would meet the others at a different step and hang); all refuse together otherwise.
-        Use as ``with run_dir.claim(dist):``."""
+        Use as ``with run_dir.claim(dist):``.
+
+        `elastic`: called again after every reset of an elastic job, whose ranks may have
+        been renumbered: a rank that held the lock and is no longer rank 0 lets it go, the
+        new rank 0 takes it, and positions are not compared (the reset's sync made them
+        rank 0's)."""
         lock, busy = None, 0
-        if self.output_dir and dist.is_root:
+        if self._lock is not None and not dist.is_root:
+            self.release()  # the new rank 0 waits for it (_acquire)
+        if self.output_dir and dist.is_root and self._lock is None:
             check_writable_dir(self.output_dir, "--output-dir")
-            lock = OutputLock(self.output_dir)
-            busy = 0 if lock.acquire() else 1
+            lock = OutputLock(self.output_dir, elastic_job() if elastic else None)
+            busy = 0 if _acquire(lock) else 1
             if not busy:
                 self._lock = lock
                 folder = os.path.join(self.output_dir, CHECKPOINTS)
@@ -138,17 +146,17 @@ class RunDir:
                     logger.warning("removed what interrupted saves left in %s: %s", folder,
                                    ", ".join(removed))
         try:
-            self._agree(dist, busy, lock)
+            self._agree(dist, busy, lock, compare=not elastic)
         except BaseException:
             self.release()  # a refusal here leaves the lock free for the next run
             raise
         return self
 
-    def _agree(self, dist, busy: int, lock: Optional[OutputLock]) -> None:
+    def _agree(self, dist, busy: int, lock: Optional[OutputLock], compare: bool = True) -> None:
         """Claim's collective (see there); refuse on every rank when it disagrees."""
         agree = dist.num_workers > 1 and (self.output_dir or self.cfg.resume)
         if agree and dist.synchronous:
-            mine = [busy] + _digits(self._position)
+            mine = [busy] + (_digits(self._position) if compare else [])
             total = [int(v) for v in dist.sum_across_workers(
                 "run_dir_agreement", mx.nd.array(mine)).asnumpy()]
             _refuse_busy(self.output_dir, total[0], lock, dist.is_root)
@@ -194,6 +202,17 @@ class RunDir:
                                candidate.path)
             return candidate
         return None
+
+
+def _acquire(lock: OutputLock, wait: float = 30.0) -> bool:
+    """Take `lock`; in an elastic job, wait up to `wait` seconds for a process of the same
+    job to let it go (a rank 0 renumbered by a reset releases it as it re-claims)."""
+    deadline = time.monotonic() + wait
+    while not lock.acquire():
+        if not lock.job or lock.held_by_another() or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _refuse_fresh_run(output_dir: Optional[str]) -> None:

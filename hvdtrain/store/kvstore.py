@@ -87,16 +87,19 @@ class HorovodKVStore(KVStoreBase):
         else:
             hvd.init(comm=comm)
         self._hvd = hvd
-        # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
-        # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
-        # single process starts under load.
-        self._alone = hvd.size() == 1
         self._fp16_wire = compression == "fp16"
         self._wire_buffers = {}  # key -> float16 copy sent in its place
 
     @property
     def type(self):
         return "horovod"
+
+    @property
+    def _alone(self):
+        # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
+        # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
+        # single process starts under load. Read every time: an elastic job's size changes.
+        return self._hvd.size() == 1
 
     @property
     def rank(self):

@@ -23,3 +23,20 @@ def test_the_programs_own_mxnet_errors_are_not_retried():
         with collective_errors():
             mx.nd.dot(mx.nd.ones((2, 3)), mx.nd.ones((2, 3))).wait_to_read()  # shapes clash
     assert not isinstance(caught.value, HorovodInternalError)
+
+
+# Gloo's own errors, as MXNet rewrote them when a peer of hvdtrain's elastic job was killed
+# or went silent (each the whole message of an MXNetError seen there).
+GLOO_FAILURES = [
+    'Traceback (most recent call last):\n  File "Read error [127.0.0.1]", line 61145\n'
+    'MXNetError: Connection reset by peer',
+    "[/tmp/pip-wheel-x/horovod/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+    "Timed out waiting 10000ms for recv operation to complete",
+]
+
+
+@pytest.mark.parametrize("message", GLOO_FAILURES)
+def test_gloos_own_errors_are_failed_collectives_too(message):
+    with pytest.raises(HorovodInternalError):
+        with collective_errors():
+            raise mx.base.MXNetError(message)

@@ -1,0 +1,135 @@
+"""``--elastic``: :func:`~hvdtrain.loop.fit.fit` under Horovod's elastic driver.
+
+The job runs ``fit`` inside Horovod's elastic loop (:mod:`hvdtrain.runtime.elastic_run`)
+with its state in a :class:`~hvdtrain.loop.elastic.GluonState`. A commit every
+``--commit-every`` steps and at every epoch's end copies the model, the optimizer and the
+position to host memory. When a rank fails, the survivors restore the last commit; when
+the driver adds or removes hosts, the workers keep what they hold. Either way Horovod is
+reset on the new set of workers, rank 0's state is broadcast to all of them (new ones
+included), and ``fit`` starts again from the position that state holds.
+
+Everything that depends on the world size is therefore read again at every entry: the
+layout (:class:`DistContext`), the split of the epoch's remaining samples over the workers
+(``SplitSampler.set_epoch``), the learning rate (``--lr-scaling``), the global batch of
+each step and the outputs' writer (rank 0 may be another process now).
+
+The policy on a resize (docs/elastic.md): each worker keeps ``--batch-size``, so the
+global batch follows the world size, and the learning rate follows ``--lr-scaling``
+(``none``: the same rate; ``linear``: proportional to the workers). A worker's batch is
+what fits its GPU's memory, and keeping it keeps every step's cost the same.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, List, Optional, Tuple
+
+from ..config import TrainConfig
+from ..report.log import info_on_every_rank, setup_logging
+from ..runtime import elastic_run
+from ..runtime.watchdog import BUSY_PHASES, Watchdog
+from ..store.dist import DistContext
+from . import precision
+from .elastic import GluonState
+from .fit import Outputs, fit
+from .schedule import effective_base_lr
+from ..state.train_state import TrainState
+
+logger = logging.getLogger("hvdtrain")
+
+RESET_PHASE = BUSY_PHASES[2]
+
+
+def params_digest(net) -> str:
+    """A CRC of every array of `net` (weights and running statistics), for the line each
+    rank logs after a reset: equal on all ranks iff their arrays are equal."""
+    import zlib  # pylint: disable=import-outside-toplevel
+    from ..store.gluon_internals import params_by_place  # pylint: disable=import-outside-toplevel
+    crc = 0
+    for name, param in sorted(params_by_place(net).items()):
+        crc = zlib.crc32(param.data().asnumpy().tobytes(), crc)
+    return f"{crc:08x}"
+
+
+def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: TrainState,
+                run_dir, watchdog: Watchdog, policy: precision.Precision,
+                make_outputs: Callable[[DistContext], Outputs],
+                finish: Callable[[DistContext], None]) -> Tuple[DistContext, dict]:
+    """Train as :func:`fit` does, surviving the loss and the arrival of workers.
+
+    Parameters
+    ----------
+    store
+        The Horovod store; the layout is read from it again after every reset.
+    position : TrainState
+        Where training starts (a resumed checkpoint's position, or the start).
+    run_dir : RunDir
+        Claimed again at every entry (rank 0 may be another process after a reset).
+    make_outputs : callable
+        ``make_outputs(dist)``: the metrics, checkpoint and TensorBoard writers of this
+        layout (rank 0 writes).
+    finish : callable
+        ``finish(dist)``: what every rank does after the last epoch (the final save).
+
+    Returns
+    -------
+    (DistContext, dict)
+        The layout training ended with, and ``fit``'s result.
+    """
+    state = GluonState(net, trainer, position)
+    sizes: List[int] = []  # the world size of each entry, in this process
+
+    def commit(position_now: TrainState, epoch_end: bool) -> None:
+        # Every rank reaches the same step, so every rank commits at the same point: a
+        # commit broadcasts the driver's host updates (Horovod's State.commit).
+        if epoch_end or position_now.step % cfg.commit_every == 0:
+            state.commit()
+
+    def train(state: GluonState) -> Tuple[DistContext, dict]:
+        dist = DistContext.from_store(store)
+        setup_logging(dist.rank)
+        watchdog.set_rank(dist.rank)
+        watchdog.beat("start-up (elastic sync)")
+        run_dir.claim(dist, elastic=True)
+        _announce(cfg, dist, state.position, sizes[-1] if sizes else None, len(devices),
+                  params_digest(net))
+        sizes.append(dist.num_workers)
+        outputs = make_outputs(dist)
+        outputs.metrics.write("elastic", num_workers=dist.num_workers,
+                              previous_num_workers=sizes[-2] if len(sizes) > 1 else None,
+                              **_figures(cfg, dist, len(devices)),
+                              epoch=state.position.epoch, step=state.position.step,
+                              epoch_samples=state.position.epoch_samples)
+        with elastic_run.collective_errors():
+            result = fit(net, trainer, data, devices, dist, cfg, outputs, state.position,
+                         watchdog, policy, commit)
+            finish(dist)
+        return dist, result
+
+    return elastic_run.run(train, around_reset=lambda: watchdog.busy(RESET_PHASE))(state)
+
+
+def _figures(cfg: TrainConfig, dist: DistContext, num_devices: int) -> dict:
+    """The global batch and the base learning rate at this world size (the policy)."""
+    return dict(global_batch=cfg.batch_size * num_devices * dist.num_workers * cfg.accumulate,
+                base_lr=effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers))
+
+
+def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
+              previous: Optional[int], num_devices: int, digest: str) -> None:
+    """Rank 0 says where training (re)starts and what the resize changed; every rank
+    names the digest of its arrays (equal everywhere after the sync)."""
+    now = _figures(cfg, dist, num_devices)
+    where = (f"epoch {position.epoch + 1}, step {position.step}, {position.epoch_samples} "
+             f"samples into the epoch")
+    if previous is None:
+        logger.info("elastic: %d worker(s) at %s; a commit every %d steps; on a resize each "
+                    "worker keeps batch %d and the rate follows --lr-scaling %s",
+                    dist.num_workers, where, cfg.commit_every, cfg.batch_size, cfg.lr_scaling)
+    else:
+        before = _figures(cfg, DistContext(num_workers=previous), num_devices)
+        logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "
+                    "%d -> %d, lr %g -> %g (--lr-scaling %s)", previous, dist.num_workers,
+                    where, before["global_batch"], now["global_batch"], before["base_lr"],
+                    now["base_lr"], cfg.lr_scaling)
+    info_on_every_rank(logger, "elastic: rank %d of %d synced at step %d, arrays %s",
+                       dist.rank, dist.num_workers, position.step, digest)

@@ -1,0 +1,123 @@
+"""``--elastic`` in one process: what it refuses, the folder's lock within one elastic job,
+the claim after a reset that renumbered rank 0, and when the loop commits.
+
+The job itself, under Horovod's elastic driver on two loopback hosts, is in
+``tests/dist/test_elastic.py``.
+"""
+import types
+
+import pytest
+
+from hvdtrain.cli import main, parse_config
+from hvdtrain.config import ConfigError
+from hvdtrain.state.lock import OutputLock, elastic_job
+from hvdtrain.state.run_dir import RunDir
+
+QUICK = ["--dataset", "digits", "--no-cuda", "--log-interval", "0"]
+ELASTIC_ENV = {"HOROVOD_ELASTIC": "1", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1",
+               "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242"}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kvstore", "dist_sync"], "--elastic runs under Horovod's elastic driver: it needs "
+                                 "--kvstore horovod"),
+    (["--sampling", "contiguous"], "needs --sampling strided"),
+    (["--output-dir", "out"], "--elastic with --output-dir needs --resume auto"),
+])
+def test_what_elastic_needs_of_the_other_options(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(QUICK + ["--elastic"] + flags)
+
+
+def test_elastic_outside_the_elastic_driver_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    assert main(QUICK + ["--elastic", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hvdtrain: error: --elastic runs under Horovod's elastic driver: start it "
+                   "with horovodrun -np N --min-np M --host-discovery-script SCRIPT "
+                   "(docs/elastic.md)"]
+
+
+def test_the_elastic_job_is_named_by_its_rendezvous():
+    assert elastic_job(ELASTIC_ENV) == "10.0.0.1:4242"
+    assert elastic_job(dict(ELASTIC_ENV, HOROVOD_ELASTIC="0")) is None
+    assert elastic_job({}) is None
+
+
+def test_a_worker_joining_its_own_elastic_job_is_not_refused_the_folder(tmp_path):
+    """The lock rank 0 holds says which elastic job holds it: a worker of that job (which
+    joins later and decides on the folder on its own) passes; any other run is refused."""
+    holder = OutputLock(str(tmp_path), job="10.0.0.1:4242")
+    assert holder.acquire()
+    try:
+        assert OutputLock(str(tmp_path), job="10.0.0.1:4242").held_by_another() is None
+        other = OutputLock(str(tmp_path), job="10.0.0.1:9999").held_by_another()
+        assert other and other.endswith("(elastic job 10.0.0.1:4242)")
+        assert OutputLock(str(tmp_path)).held_by_another() == other
+    finally:
+        holder.release()
+
+
+class Layout:
+    """A DistContext's claim-facing part: rank `rank` of `count`, the others alike."""
+
+    synchronous = True
+
+    def __init__(self, rank, count=2):
+        self.rank, self.num_workers, self.is_root = rank, count, rank == 0
+        self.collectives = []
+
+    def sum_across_workers(self, name, values):
+        self.collectives.append((name, values.asnumpy().tolist()))
+        return values * self.num_workers
+
+
+def test_a_reset_that_renumbers_rank_0_moves_the_lock(tmp_path, monkeypatch):
+    """After a reset the old rank 0, now rank 1, lets the lock go as it claims again, and
+    the process that is rank 0 now takes it; positions are not compared (the sync made them
+    rank 0's), only the folder's state travels."""
+    for name, value in ELASTIC_ENV.items():
+        monkeypatch.setenv(name, value)
+    cfg = parse_config(QUICK + ["--elastic", "--output-dir", str(tmp_path), "--resume",
+                                "auto"])
+    first, second = RunDir.decide(cfg), RunDir.decide(cfg)
+    old_root = Layout(0)
+    first.claim(old_root, elastic=True)
+    assert OutputLock(str(tmp_path)).held_by_another().endswith("(elastic job 10.0.0.1:4242)")
+    assert old_root.collectives == [("run_dir_agreement", [0.0])]
+    first.claim(Layout(1), elastic=True)  # renumbered: lets go
+    assert OutputLock(str(tmp_path)).held_by_another() is None
+    second.claim(Layout(0), elastic=True)  # the new rank 0
+    assert OutputLock(str(tmp_path)).held_by_another()
+    second.claim(Layout(0), elastic=True)  # claiming again while holding it: no refusal
+    second.release()
+    assert OutputLock(str(tmp_path)).held_by_another() is None
+
+
+def test_the_loop_commits_every_n_steps_and_after_each_epoch_but_never_mid_step():
+    """``fit`` (one process, digits, --accumulate 2) calls the commit hook after every
+    optimizer step but an epoch's last, and once after each epoch's outputs; the elastic
+    loop commits when the step divides by --commit-every or at an epoch's end."""
+    from hvdtrain.loop.fit import fit
+    from hvdtrain.data.datasets import load_dataset
+    from hvdtrain.loop.build import build_trainer, initialize
+    from hvdtrain.models import build_model
+    from hvdtrain.store.dist import DistContext
+    import mxnet as mx
+
+    cfg = parse_config(QUICK + ["--kvstore", "none", "--epochs", "2", "--batch-size", "256",
+                                "--accumulate", "2"])
+    data = load_dataset("digits", None)
+    net = build_model(cfg.model_name, data.num_classes)
+    initialize(net, [mx.cpu()], data.image_shape, cfg.seed, 0, cfg.hybridize)
+    dist = DistContext()
+    trainer = build_trainer(net, cfg, dist)
+    calls = []
+    fit(net, trainer, data, [mx.cpu()], dist, cfg,
+        commit=lambda state, epoch_end: calls.append((state.epoch, state.step,
+                                                       state.epoch_samples, epoch_end)))
+    per_epoch = -(-(-(-data.num_train // 256)) // 2)  # micro-batches, then steps
+    mid = [(0, s, s * 512, False) for s in range(1, per_epoch)]
+    assert calls == (mid + [(1, per_epoch, 0, True)]
+                     + [(1, per_epoch + s, s * 512, False) for s in range(1, per_epoch)]
+                     + [(2, 2 * per_epoch, 0, True)])
