@@ -21,6 +21,7 @@ what fits its GPU's memory, and keeping it keeps every step's cost the same.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable, List, Optional, Tuple
 
 from ..config import TrainConfig
@@ -122,9 +123,13 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
     where = (f"epoch {position.epoch + 1}, step {position.step}, {position.epoch_samples} "
              f"samples into the epoch")
     if previous is None:
+        # Horovod reads it in hvd.init(); 30 s is its default.
+        gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
         logger.info("elastic: %d worker(s) at %s; a commit every %d steps; on a resize each "
-                    "worker keeps batch %d and the rate follows --lr-scaling %s",
-                    dist.num_workers, where, cfg.commit_every, cfg.batch_size, cfg.lr_scaling)
+                    "worker keeps batch %d and the rate follows --lr-scaling %s; a peer that "
+                    "goes silent is given up after HOROVOD_GLOO_TIMEOUT_SECONDS=%s s",
+                    dist.num_workers, where, cfg.commit_every, cfg.batch_size, cfg.lr_scaling,
+                    gloo_timeout)
     else:
         before = _figures(cfg, DistContext(num_workers=previous), num_devices)
         logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "

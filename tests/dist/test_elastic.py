@@ -1,12 +1,19 @@
 """Elastic training under Horovod's own driver: ``horovodrun --gloo --min-np 2 --max-np 4
---host-discovery-script``, four MXNet workers on two loopback hosts, hvdtrain's GluonState.
+--host-discovery-script``, four MXNet workers on two loopback hosts.
 
-One rank ``kill -9``s itself mid-run (step 55, commits every 10 steps): the survivors must
-roll back to the commit at step 50 (their parameters after the reset bit for bit those all
-ranks committed at step 50 before the kill), agree after every reset, and finish on 2 ranks.
+The spike's worker on hvdtrain's GluonState: one rank ``kill -9``s itself mid-run (step 55,
+commits every 10 steps): the survivors must roll back to the commit at step 50 (their
+parameters after the reset bit for bit those all ranks committed at step 50 before the
+kill), agree after every reset, and finish on 2 ranks. Then ``hvdtrain --elastic`` itself.
 """
+import json
+import os
+import subprocess
+
 import pytest
 
+from elastic_ids import trained_ids
+from elastic_job import BIN, parse as parse_job, run as run_job
 from elastic_spike import parse, run
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -50,8 +57,6 @@ def test_a_host_joins_and_leaves_with_hvdtrains_store(tmp_path):
 
 # --- hvdtrain --elastic itself (tests/dist/elastic_job.py) ----------------------------------
 
-from elastic_ids import trained_ids  # noqa: E402
-from elastic_job import parse as parse_job, run as run_job  # noqa: E402
 
 # 6 epochs of digits, batch 8 per worker, the rate decayed for the last; --lr-scaling linear:
 # the rate follows the world size, as the global batch does.
@@ -100,6 +105,17 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
         # An epoch's last step wraps around to give every rank a full part: at most
         # workers - 1 samples twice, as in any epoch of any run.
         assert sum(counts.values()) - num_train <= 3, (epoch, counts.most_common(5))
+
+    # The checkpoints stay resumable: one more epoch, one process, from the elastic folder.
+    out = tmp_path / "elastic" / "out"
+    more = subprocess.run([os.path.join(BIN, "hvdtrain"), "--dataset", "digits", "--no-cuda",
+                           "--batch-size", "8", "--epochs", "7", "--output-dir", str(out),
+                           "--resume", "auto", "--log-interval", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert more.returncode == 0, more.stderr[-2000:]
+    starts = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+              if '"start"' in line]
+    assert starts[-1]["start_epoch"] == 6, starts[-1]
 
     plain = run_job(parse_job(["--plain", "--timeout", "200"] + JOB), str(tmp_path / "plain"))
     assert plain["exit"] == 0, plain["errors"]
