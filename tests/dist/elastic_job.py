@@ -7,8 +7,8 @@ caused has been logged:
 
 ``--leave E:S``   127.0.0.3 leaves the discovery output (the job goes on with 2 ranks)
 ``--back E:S``    it returns (the job grows back to 4 at the next commit)
-``--kill E:S``    ``kill -9`` of the worker with local rank 0 on 127.0.0.3 (its host is
-                  blacklisted; the job goes on with 2 ranks)
+``--kill E:S``    ``kill -9`` of the worker with local rank 0 on 127.0.0.3 (or
+                  ``--kill-host``; its host is blacklisted; the job goes on with 2 ranks)
 ``--vanish E:S``  the discovery output becomes empty
 ``--sigterm E:S`` SIGTERM to horovodrun
 
@@ -125,7 +125,7 @@ def run(args, folder):
                 proc.send_signal(signal.SIGTERM)
             elif name == "kill":
                 victims = [pid for pid, (host, local) in job_pids(output).items()
-                           if host == "127.0.0.3" and local == 0]
+                           if host == args.kill_host and local == 0]
                 for pid in victims[:1]:
                     os.kill(pid, signal.SIGKILL)
             happened.append((name, time.time()))
@@ -190,6 +190,9 @@ def parse(argv=None):
     parser = argparse.ArgumentParser()
     for name in ("leave", "back", "kill", "vanish", "sigterm"):
         parser.add_argument("--" + name, default="", metavar="EPOCH:STEP")
+    parser.add_argument("--kill-host", default="127.0.0.3",
+                        help="--kill's victim: the worker with local rank 0 on this host "
+                             "(127.0.0.2's is rank 0)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--gloo-timeout", type=int, default=10)
