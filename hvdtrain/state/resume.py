@@ -60,6 +60,10 @@ def check_compatible(path: str, meta: Dict, cfg: TrainConfig, warn: bool = True)
     if epoch == cfg.epochs and warn:
         logger.warning("checkpoint %s already has all %d epochs of --epochs: nothing is left "
                        "to train (give a larger --epochs to train on)", path, cfg.epochs)
+    elif cfg.max_steps is not None and int(meta.get("step", 0)) >= cfg.max_steps and warn:
+        logger.warning("checkpoint %s is already at step %d, --max-steps %d: nothing is left "
+                       "to train (give a larger --max-steps, or drop it, to train on)", path,
+                       int(meta["step"]), cfg.max_steps)
 
 
 def changed_settings(meta: Dict, cfg: TrainConfig, num_workers: int) -> List[str]:

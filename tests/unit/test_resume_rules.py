@@ -116,6 +116,15 @@ def test_checkpoint_past_epochs_is_refused(run_copy):
     assert_refused(proc, "past --epochs 1", "2 epochs")
 
 
+def test_a_checkpoint_already_at_max_steps_says_nothing_is_left(run_copy):
+    """The newest checkpoint (epoch 2) is at step 46: --max-steps 40 leaves nothing to
+    train, and the run says so instead of only "no epoch completed"."""
+    proc = hvdtrain("--epochs", "3", "--max-steps", "40", "--output-dir", str(run_copy),
+                    "--resume", "auto")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "is already at step 46, --max-steps 40: nothing is left to train" in proc.stdout
+
+
 def test_has_states_false_warns(run_copy):
     _edit_meta(run_copy / "checkpoints" / "epoch-0002", has_states=False)
     proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
