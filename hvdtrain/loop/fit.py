@@ -149,6 +149,10 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     # The last step of an epoch takes the micro-batches left when they do not divide by
     # --accumulate (loop.epoch.train_epoch).
     steps_per_epoch = -(-len(train_loader) // cfg.accumulate)
+    if cfg.accumulate > len(train_loader):
+        logger.warning("--accumulate %d is more than the %d micro-batches of an epoch here: "
+                       "each epoch is one step over %d micro-batches", cfg.accumulate,
+                       len(train_loader), len(train_loader))
     base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
 
     def lr_for_step(step):

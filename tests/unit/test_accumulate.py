@@ -133,3 +133,12 @@ def test_the_global_batch_counts_the_micro_batches_in_checkpoints_and_resumes(tm
     err = capsys.readouterr().err
     assert ("resuming with a global batch of 128 instead of 256 (1 worker x 64 x 2 "
             "micro-batches instead of 1 x 64 x 4)") in err, err
+
+
+def test_accumulate_beyond_an_epoch_says_each_epoch_is_one_step(capsys):
+    """digits at batch 512 is 3 micro-batches an epoch: --accumulate 8 makes one step of 3."""
+    run = train(TrainConfig(accumulate=8, **{**BASE, "batch_size": 512, "epochs": 1}),
+                devices=ONE)
+    assert run.result["steps"] == 1
+    assert "--accumulate 8 is more than the 3 micro-batches of an epoch here: each epoch is " \
+           "one step over 3 micro-batches" in capsys.readouterr().err
