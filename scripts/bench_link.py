@@ -89,6 +89,22 @@ def bits_per_second(rate):
     return float(found.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[found.group(2)]
 
 
+def delay_text(delay):
+    """An argparse type: a netem delay (``0.1ms``, ``2ms``, ``150us``, ``1s``)."""
+    if not re.fullmatch(r"\d+(\.\d+)?(us|ms|s)", delay):
+        raise argparse.ArgumentTypeError(f"{delay!r} is not a delay such as 0.1ms, 150us, 1s")
+    return delay
+
+
+def model_name(name):
+    """An argparse type: a model hvdtrain builds (checked before anything is measured)."""
+    from hvdtrain.config import SMALL_MODEL_NAMES, ZOO_MODELS  # standard library only
+    if name not in SMALL_MODEL_NAMES + ZOO_MODELS:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a model hvdtrain builds "
+                                         f"(hvdtrain --help lists them)")
+    return name
+
+
 def rate_text(rate):
     """An argparse type: `rate` as given, once tc's syntax is checked."""
     bits_per_second(rate)
@@ -184,10 +200,13 @@ def add_arguments(p):
     """The shaped-link options (shared with scripts/bench.py)."""
     p.add_argument("--rate", default="1gbit", type=rate_text, help="the loopback's rate, in tc's syntax "
                    "(both directions together; default: %(default)s)")
-    p.add_argument("--delay", default="0.1ms", help="added one-way delay, where the kernel "
+    p.add_argument("--delay", default="0.1ms", type=delay_text, help="added one-way delay, where the kernel "
                    "has netem (default: %(default)s)")
     p.add_argument("--micro-batches", type=int, default=16,
                    help="timed micro-batches per rank and row (default: %(default)s)")
+
+
+QUICK = {"batch_size": 16, "micro_batches": 4, "warmup": 1, "rounds": 1}
 
 
 def parse():
@@ -196,7 +215,7 @@ def parse():
     p.add_argument("--warmup", type=int, default=2,
                    help="untimed micro-batches first (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--model", default="resnet18_v1")
+    p.add_argument("--model", default="resnet18_v1", type=model_name)
     p.add_argument("--rows", default=",".join(ROWS),
                    help="comma-separated row labels (default: all): " + ", ".join(ROWS))
     p.add_argument("--rounds", type=int, default=1,
@@ -213,8 +232,10 @@ def parse():
     unknown = [r for r in args.rows if r not in ROWS]
     if unknown:
         p.error(f"--rows: unknown {unknown}; known: {', '.join(ROWS)}")
-    if args.quick:
-        args.batch_size, args.micro_batches, args.warmup, args.rounds = 16, 4, 1, 1
+    if args.quick:  # smaller defaults; what the command line gives explicitly stays
+        for name, value in QUICK.items():
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
     return args
 
 

@@ -83,6 +83,20 @@ def test_bench_refuses_bad_input_before_measuring(flags, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} <= {"hvdtrain-bench.lock"}
 
 
+@pytest.mark.parametrize("flags", [["--delay", "garbage"], ["--model", "nosuch"],
+                                   ["--rows", "nosuch"], ["--rate", "fast"]],
+                         ids=["delay", "model", "rows", "rate"])
+def test_bench_link_refuses_bad_input_before_measuring(flags, tmp_path):
+    proc = run_command([sys.executable, os.path.join(REPO, "scripts", "bench_link.py")] + flags,
+                       timeout=60, env={"TMPDIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("bench_link.py: error: argument"
+                                                           if flags[0] != "--rows" else
+                                                           "bench_link.py: error: --rows"), \
+        proc.stdout
+    assert not list(tmp_path.iterdir())  # not even the machine's bench lock
+
+
 def _processes_mentioning(text):
     """Command lines of live processes that contain `text`."""
     found = []
