@@ -170,6 +170,12 @@ def read_idx(path: str) -> Tuple[np.ndarray, np.ndarray]:
     bytes a record rather than a Python dict's hundred.
     """
     chunks = []
+    if not _ends_with_newline(path):
+        # MXIndexedRecordIO (im2rec, hvdtrain-pack) ends every line with a newline: a file
+        # that does not was cut short, and its last offset may be a cut number.
+        raise DatasetError(f"{path} ends inside a line (cut short?): its last offset cannot "
+                           f"be trusted; copy the pack again or make the index again with "
+                           f"im2rec or hvdtrain-pack")
     try:
         with open(path, "rb") as src:
             while True:
@@ -187,6 +193,19 @@ def read_idx(path: str) -> Tuple[np.ndarray, np.ndarray]:
         raise DatasetError(f"{path} is empty: the pack holds no record")
     table = table[np.argsort(table[:, 0], kind="stable")]
     return table[:, 0].copy(), table[:, 1].copy()
+
+
+def _ends_with_newline(path: str) -> bool:
+    """Whether `path` ends with a newline; True for an empty or unreadable file (refused
+    elsewhere, each with its own message)."""
+    try:
+        with open(path, "rb") as src:
+            if src.seek(0, os.SEEK_END) == 0:
+                return True
+            src.seek(-1, os.SEEK_END)
+            return src.read(1) == b"\n"
+    except OSError:
+        return True
 
 
 def open_folder(data_dir: str) -> Tuple[List[str], FolderSplit, FolderSplit]:

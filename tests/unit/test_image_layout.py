@@ -102,6 +102,18 @@ def test_a_truncated_rec_is_refused_at_open(pack_copy, capfd, cut):
     assert f"{rec} is truncated" in line and "re-pack" in line, line
 
 
+@pytest.mark.parametrize("cut", [1, 3])
+def test_an_idx_cut_inside_a_line_is_refused_at_open(pack_copy, capfd, cut):
+    """Cut inside the last offset (1 byte off: a smaller offset that may point into another
+    record) or just after its tab: the last offset cannot be trusted either way."""
+    idx = os.path.join(pack_copy, "train.idx")
+    last = open(idx).read().splitlines()[-1]
+    with open(idx, "r+b") as out:
+        out.truncate(os.path.getsize(idx) - 1 - (cut if cut < 3 else len(last.split()[1])))
+    line = _refusal("recordio", pack_copy, capfd)
+    assert f"{idx} ends inside a line (cut short?)" in line, line
+
+
 @pytest.mark.parametrize("case,needle", [
     ("missing", "does not exist"),
     ("file", "is not a folder"),
