@@ -36,7 +36,7 @@ from .store.gluon_internals import skip_first_step_broadcast
 from .loop.fit import Outputs, fit
 from .loop.together import write_together
 from .runtime.pulse import JobPulse
-from .runtime.watchdog import Watchdog, horovod_stall_env
+from .runtime.watchdog import GLOO_TIMEOUT_ENV, Watchdog, gloo_timeout, horovod_stall_env
 from .state.writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
@@ -171,7 +171,12 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
         if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
-            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ))
+            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ, cfg.elastic))
+        if cfg.elastic and cfg.stall_timeout and cfg.stall_timeout <= gloo_timeout():
+            raise ConfigError(f"--stall-timeout {cfg.stall_timeout:g} must be longer than "
+                              f"{GLOO_TIMEOUT_ENV}={gloo_timeout():g} under --elastic: Gloo "
+                              f"must give a lost peer up (and the others roll back) before "
+                              f"the watchdog ends the others")
         until_the_end.enter_context(watchdog)
         dist = build_dist(cfg, comm)
         start_rank(cfg, dist, watchdog)

@@ -21,13 +21,12 @@ what fits its GPU's memory, and keeping it keeps every step's cost the same.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, List, Optional, Tuple
 
 from ..config import TrainConfig
 from ..report.log import info_on_every_rank, setup_logging
 from ..runtime import elastic_run
-from ..runtime.watchdog import BUSY_PHASES, Watchdog
+from ..runtime.watchdog import BUSY_PHASES, Watchdog, gloo_timeout
 from ..store.dist import DistContext
 from . import precision
 from .elastic import GluonState
@@ -79,10 +78,15 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
     state = GluonState(net, trainer, position)
     sizes: List[int] = []  # the world size of each entry, in this process
 
-    def commit(position_now: TrainState, epoch_end: bool) -> None:
+    def commit(position_now: TrainState, point: str) -> None:
         # Every rank reaches the same step, so every rank commits at the same point: a
         # commit broadcasts the driver's host updates (Horovod's State.commit).
-        if epoch_end or position_now.step % cfg.commit_every == 0:
+        if point == "epoch done":
+            # Saved before the epoch's outputs, without the host check (a host update now
+            # would skip them): ranks that wait for rank 0's checkpoint longer than the Gloo
+            # timeout roll back to here, not into the epoch, which would write it again.
+            state.save()
+        elif point == "epoch written" or position_now.step % cfg.commit_every == 0:
             state.commit()
 
     def train(state: GluonState) -> Tuple[DistContext, dict]:
@@ -123,13 +127,11 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
     where = (f"epoch {position.epoch + 1}, step {position.step}, {position.epoch_samples} "
              f"samples into the epoch")
     if previous is None:
-        # Horovod reads it in hvd.init(); 30 s is its default.
-        gloo_timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "30")
         logger.info("elastic: %d worker(s) at %s; a commit every %d steps; on a resize each "
                     "worker keeps batch %d and the rate follows --lr-scaling %s; a peer that "
-                    "goes silent is given up after HOROVOD_GLOO_TIMEOUT_SECONDS=%s s",
+                    "goes silent is given up after HOROVOD_GLOO_TIMEOUT_SECONDS=%g s",
                     dist.num_workers, where, cfg.commit_every, cfg.batch_size, cfg.lr_scaling,
-                    gloo_timeout)
+                    gloo_timeout())
     else:
         before = _figures(cfg, DistContext(num_workers=previous), num_devices)
         logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "

@@ -64,10 +64,9 @@ class Loop:
     watchdog: Optional[Watchdog] = None
     label_smoothing: float = 0.0
     accumulate: int = 1  # micro-batches per optimizer step
-    # Called after every step but an epoch's last, as commit(state, False) (elastic
-    # training's in-memory commit; fit calls commit(state, True) once the epoch's
-    # evaluation and checkpoint are done).
-    commit: Optional[Callable[[TrainState, bool], None]] = None
+    # Elastic training's hook, called as commit(state, "step") after every step but an
+    # epoch's last (fit calls it at the epoch's end: see fit).
+    commit: Optional[Callable[[TrainState, str], None]] = None
 
 
 def training_loss(smoothing: float):
@@ -158,7 +157,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if loop.commit is not None and batch != micro_batches:
-            loop.commit(state, False)
+            loop.commit(state, "step")
         if bar is not None:
             if steps % PROGRESS_EVERY == 0:  # reading the loss waits for the device
                 bar.set_postfix(loss=f"{loss_sum.asscalar() / samples:.4f}",

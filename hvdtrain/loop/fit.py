@@ -134,12 +134,14 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None,
-        commit: Optional[Callable[[TrainState, bool], None]] = None) -> dict:
+        commit: Optional[Callable[[TrainState, str], None]] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step and evaluation
     batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
-    (default: the configuration's) says how the steps compute. `commit(state, epoch_end)`
-    is called after every step and at every epoch's end (elastic training's commit)."""
+    (default: the configuration's) says how the steps compute. `commit(state, point)` is
+    elastic training's hook: `point` is ``"step"`` after every step but an epoch's last,
+    ``"epoch done"`` once an epoch is trained and evaluated, before its outputs are written,
+    and ``"epoch written"`` after them."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -211,11 +213,13 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                       **_figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
         epochs.append(record)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
+        if commit is not None:
+            commit(state, "epoch done")
         write_together(dist, lambda: _epoch_outputs(
             outputs, net, trainer, state, record, stopping or state.epoch == cfg.epochs,
             watchdog), f"step {state.step}")
         if commit is not None:
-            commit(state, True)
+            commit(state, "epoch written")
         if stopping:
             break
     total_time = time.perf_counter() - run_start

@@ -35,6 +35,7 @@ logger = logging.getLogger("hvdtrain")
 EXIT_STALLED = 1
 STALL_CHECK_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 STALL_SHUTDOWN_ENV = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+HOROVOD_GLOO_TIMEOUT_SECONDS = 30  # Horovod 0.28.1's default (gloo_context.cc)
 GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 # Horovod's own default warning time; kept when the timeout leaves room for it.
 HOROVOD_WARNING_SECONDS = 60
@@ -47,7 +48,13 @@ BUSY_PHASES = ("writing a checkpoint", "saving the final parameters",
 PHASES = ("start-up", "training", "evaluation") + BUSY_PHASES
 
 
-def horovod_stall_env(timeout: float, environ: Mapping[str, str]) -> Dict[str, str]:
+def gloo_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds a Gloo collective waits for a peer: the user's, else Horovod's 30."""
+    return float(environ.get(GLOO_TIMEOUT_ENV, HOROVOD_GLOO_TIMEOUT_SECONDS))
+
+
+def horovod_stall_env(timeout: float, environ: Mapping[str, str],
+                      elastic: bool = False) -> Dict[str, str]:
     """Horovod's variables matching `timeout` (0: watchdog off, nothing to set).
 
     Horovod warns about a stalled tensor after the check time: the warning, which names
@@ -60,12 +67,17 @@ def horovod_stall_env(timeout: float, environ: Mapping[str, str]) -> Dict[str, s
     (Horovod's background threads keep exchanging while a rank is busy): it is a backstop at
     1.5 times the timeout, after the watchdog's own line. A variable the user set is left
     alone.
+
+    `elastic`: the Gloo timeout is then how a lost peer is found (the others roll back and
+    go on), so it is left to Horovod (30 s unless the user sets it), below the watchdog's.
     """
     if not timeout:
         return {}
     backstop = str(max(2, math.ceil(1.5 * timeout)))
     check = max(1, min(HOROVOD_WARNING_SECONDS, math.ceil(timeout) // 2))
-    wanted = {STALL_CHECK_ENV: str(check), GLOO_TIMEOUT_ENV: backstop}
+    wanted = {STALL_CHECK_ENV: str(check)}
+    if not elastic:
+        wanted[GLOO_TIMEOUT_ENV] = backstop
     return {name: value for name, value in wanted.items() if name not in environ}
 
 

@@ -9,6 +9,7 @@ caused has been logged:
 ``--back E:S``    it returns (the job grows back to 4 at the next commit)
 ``--kill E:S``    ``kill -9`` of the worker with local rank 0 on 127.0.0.3 (or
                   ``--kill-host``; its host is blacklisted; the job goes on with 2 ranks)
+``--freeze E:S``  ``SIGSTOP`` to that worker instead: alive, but silent
 ``--vanish E:S``  the discovery output becomes empty
 ``--sigterm E:S`` SIGTERM to horovodrun
 
@@ -85,7 +86,7 @@ def run(args, folder):
     write_hosts(hosts_file, BOTH)
     output = os.path.join(folder, "out")
     events = [(name, point(getattr(args, name))) for name in
-              ("leave", "back", "kill", "vanish", "sigterm") if getattr(args, name)]
+              ("leave", "back", "kill", "freeze", "vanish", "sigterm") if getattr(args, name)]
     events.sort(key=lambda e: e[1])
     with loopback_hosts(os.path.join(folder, "ssh")) as hosts:
         if args.plain:  # the reference: the same job, not elastic, never disturbed
@@ -123,11 +124,11 @@ def run(args, folder):
                 write_hosts(hosts_file, [])
             elif name == "sigterm":
                 proc.send_signal(signal.SIGTERM)
-            elif name == "kill":
+            elif name in ("kill", "freeze"):
                 victims = [pid for pid, (host, local) in job_pids(output).items()
                            if host == args.kill_host and local == 0]
                 for pid in victims[:1]:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL if name == "kill" else signal.SIGSTOP)
             happened.append((name, time.time()))
 
         def reader():
@@ -154,13 +155,18 @@ def run(args, folder):
         except subprocess.TimeoutExpired:
             code = "timeout"
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=10)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
         ended = time.time()
         thread.join(timeout=10)
         time.sleep(5)
         alive = job_pids(output)
-        for pid in alive:  # leave nothing behind to load the machine
+        for pid in alive:  # leave nothing behind to load the machine (a stopped one too)
             os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
     with open(os.path.join(folder, "horovodrun.log"), "w") as out:
         out.writelines(raw)
     metrics = []
@@ -188,7 +194,7 @@ def _training_again(t, resets, steps):
 
 def parse(argv=None):
     parser = argparse.ArgumentParser()
-    for name in ("leave", "back", "kill", "vanish", "sigterm"):
+    for name in ("leave", "back", "kill", "freeze", "vanish", "sigterm"):
         parser.add_argument("--" + name, default="", metavar="EPOCH:STEP")
     parser.add_argument("--kill-host", default="127.0.0.3",
                         help="--kill's victim: the worker with local rank 0 on this host "

@@ -38,6 +38,29 @@ def test_elastic_outside_the_elastic_driver_is_one_line_and_exit_2(capsys, monke
                    "(docs/elastic.md)"]
 
 
+@pytest.mark.parametrize("env, flags, refused", [
+    ({}, ["--stall-timeout", "30"], "--stall-timeout 30 must be longer than "
+                                    "HOROVOD_GLOO_TIMEOUT_SECONDS=30 under --elastic"),
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "120"}, [], None),  # 600 > 120: on to the data
+    ({"HOROVOD_GLOO_TIMEOUT_SECONDS": "700"}, [], "--stall-timeout 600 must be longer"),
+])
+def test_the_watchdog_must_wait_longer_than_gloo(capsys, monkeypatch, env, flags, refused):
+    """Under --elastic a lost peer is found by Gloo's timeout and the others roll back; a
+    watchdog that fired first would end them instead."""
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    import hvdtrain.job as job
+
+    def stop(*_args, **_kwargs):
+        raise ConfigError("reached build_dist")
+    monkeypatch.setattr(job, "build_dist", stop)
+    assert main(QUICK + ["--elastic", "--epochs", "1"] + flags) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (refused or "reached build_dist") in line, line
+
+
 def test_the_elastic_job_is_named_by_its_rendezvous():
     assert elastic_job(ELASTIC_ENV) == "10.0.0.1:4242"
     assert elastic_job(dict(ELASTIC_ENV, HOROVOD_ELASTIC="0")) is None
@@ -94,14 +117,15 @@ def test_a_reset_that_renumbers_rank_0_moves_the_lock(tmp_path, monkeypatch):
     assert OutputLock(str(tmp_path)).held_by_another() is None
 
 
-def test_the_loop_commits_every_n_steps_and_after_each_epoch_but_never_mid_step():
+def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
     """``fit`` (one process, digits, --accumulate 2) calls the commit hook after every
-    optimizer step but an epoch's last, and once after each epoch's outputs; the elastic
-    loop commits when the step divides by --commit-every or at an epoch's end."""
-    from hvdtrain.loop.fit import fit
+    optimizer step but an epoch's last, and at each epoch's end before and after its
+    outputs (metrics record, checkpoint)."""
+    from hvdtrain.loop.fit import Outputs, fit
     from hvdtrain.data.datasets import load_dataset
     from hvdtrain.loop.build import build_trainer, initialize
     from hvdtrain.models import build_model
+    from hvdtrain.report.log import MetricsWriter
     from hvdtrain.store.dist import DistContext
     import mxnet as mx
 
@@ -113,11 +137,19 @@ def test_the_loop_commits_every_n_steps_and_after_each_epoch_but_never_mid_step(
     dist = DistContext()
     trainer = build_trainer(net, cfg, dist)
     calls = []
-    fit(net, trainer, data, [mx.cpu()], dist, cfg,
-        commit=lambda state, epoch_end: calls.append((state.epoch, state.step,
-                                                       state.epoch_samples, epoch_end)))
+
+    class Metrics(MetricsWriter):
+        def write(self, event, **fields):
+            calls.append(("metrics", event))
+
+    fit(net, trainer, data, [mx.cpu()], dist, cfg, Outputs(Metrics(None)),
+        commit=lambda state, point: calls.append((state.epoch, state.step,
+                                                  state.epoch_samples, point)))
     per_epoch = -(-(-(-data.num_train // 256)) // 2)  # micro-batches, then steps
-    mid = [(0, s, s * 512, False) for s in range(1, per_epoch)]
-    assert calls == (mid + [(1, per_epoch, 0, True)]
-                     + [(1, per_epoch + s, s * 512, False) for s in range(1, per_epoch)]
-                     + [(2, 2 * per_epoch, 0, True)])
+    expected = [("metrics", "start")]
+    for epoch in range(2):
+        expected += [(epoch, epoch * per_epoch + s, s * 512, "step")
+                     for s in range(1, per_epoch)]
+        end = (epoch + 1, (epoch + 1) * per_epoch, 0)
+        expected += [end + ("epoch done",), ("metrics", "epoch"), end + ("epoch written",)]
+    assert calls == expected + [("metrics", "end")]

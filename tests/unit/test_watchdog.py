@@ -106,6 +106,8 @@ def test_horovod_stall_variables_follow_the_timeout_unless_set():
     assert horovod_stall_env(1, {}) == {STALL_CHECK_ENV: "1", GLOO_TIMEOUT_ENV: "2"}
     assert horovod_stall_env(30, {STALL_CHECK_ENV: "5"}) == {GLOO_TIMEOUT_ENV: "45"}
     assert horovod_stall_env(0, {}) == {}
+    # Elastic: the Gloo timeout finds a lost peer, so it stays Horovod's (or the user's).
+    assert horovod_stall_env(600, {}, elastic=True) == {STALL_CHECK_ENV: "60"}
 
 
 class InProcessSum:
