@@ -19,6 +19,7 @@ from .options import flag_table as options_table
 
 HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
                   "float16 (its CPU AMP is bfloat16); train in float32 on CPUs")
+COMMIT_EVERY = 20  # --commit-every's default, in steps
 IMAGE_LAYOUTS = {"imagefolder": "train/<class>/*.jpg and val/<class>/*",
                  "recordio": "train.rec, train.idx, val.rec and val.idx"}
 
@@ -169,10 +170,11 @@ class TrainConfig:
         False, "survive lost and added hosts under horovodrun --min-np/--max-np "
         "--host-discovery-script: on a failure the others roll back to the last commit and "
         "go on (docs/elastic.md)", group="distribution", kind="switch")
-    commit_every: int = option(
-        20, "with --elastic: keep a copy of the model, optimizer and position in memory "
+    commit_every: Optional[int] = option(
+        None, "with --elastic: keep a copy of the model, optimizer and position in memory "
         "every N steps (and at every epoch's end); a failure costs at most N steps, and a "
-        "host that joins enters at the next commit", group="distribution", range=POSITIVE)
+        "host that joins enters at the next commit", group="distribution", range=POSITIVE,
+        shown=str(COMMIT_EVERY))
     # output
     output_dir: Optional[str] = option(
         None, "where rank 0 writes metrics.jsonl, checkpoints/ and model.params",
@@ -223,6 +225,11 @@ class TrainConfig:
         out["lr_decay_epochs"] = list(self.lr_decay_epochs)
         out["gpus"] = list(self.gpus)
         return out
+
+    @property
+    def commit_interval(self) -> int:
+        """Steps between two elastic commits (``--commit-every``, or its default)."""
+        return self.commit_every or COMMIT_EVERY
 
     @property
     def model_name(self) -> str:
@@ -310,6 +317,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--lr-decay-epochs must be increasing")
     if cfg.elastic:
         check_elastic(cfg)
+    elif cfg.commit_every is not None:
+        raise ConfigError("--commit-every is the interval of --elastic's commits: add "
+                          "--elastic, or drop it")
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")

@@ -86,7 +86,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
             # would skip them): ranks that wait for rank 0's checkpoint longer than the Gloo
             # timeout roll back to here, not into the epoch, which would write it again.
             state.save()
-        elif point == "epoch written" or position_now.step % cfg.commit_every == 0:
+        elif point == "epoch written" or position_now.step % cfg.commit_interval == 0:
             state.commit()
 
     def train(state: GluonState) -> Tuple[DistContext, dict]:
@@ -130,7 +130,7 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
         logger.info("elastic: %d worker(s) at %s; a commit every %d steps; on a resize each "
                     "worker keeps batch %d and the rate follows --lr-scaling %s; a peer that "
                     "goes silent is given up after HOROVOD_GLOO_TIMEOUT_SECONDS=%g s",
-                    dist.num_workers, where, cfg.commit_every, cfg.batch_size, cfg.lr_scaling,
+                    dist.num_workers, where, cfg.commit_interval, cfg.batch_size, cfg.lr_scaling,
                     gloo_timeout())
     else:
         before = _figures(cfg, DistContext(num_workers=previous), num_devices)

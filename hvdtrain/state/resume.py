@@ -119,7 +119,9 @@ def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker
     global_batch = worker_batch * dist.num_workers * cfg.accumulate
     saved_batch, saved_workers = meta.get("global_batch"), meta.get("num_workers")
     saved_accumulate = int(meta.get("config", {}).get("accumulate", 1))
-    if saved_batch not in (None, global_batch):
+    # Under --elastic the world size changes by design, and each reset logs the new global
+    # batch (loop/elastic_fit.py): a worker joining a running job would warn here wrongly.
+    if saved_batch not in (None, global_batch) and not cfg.elastic:
         saved_per_worker = saved_batch // (saved_workers * saved_accumulate) \
             if saved_workers else "?"
         micro = (f" x {cfg.accumulate} micro-batches", f" x {saved_accumulate}") \

@@ -30,6 +30,18 @@ def test_the_hostfile_script_reads_both_forms_and_skips_comments(tmp_path):
     assert _discover("discover-hostfile.sh", {"ELASTIC_HOSTS": str(hosts)}) == {"d1": 4}
 
 
+def test_the_hostfile_script_leaves_out_what_is_not_a_host_and_says_so(tmp_path):
+    """CRLF lines and tabs are read; a line Horovod would take for a host name ("h5slots=2")
+    or fail on ("h7:2:3") is named on stderr and left out."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("d1:4\r\n\td2\tslots=4\nh5 slots = 2\nh7:2:3\nh9\nh10:\n")
+    done = subprocess.run([os.path.join(SCRIPTS, "discover-hostfile.sh")], text=True,
+                          capture_output=True, env=dict(os.environ, ELASTIC_HOSTS=str(hosts)))
+    assert done.returncode == 0 and done.stdout == "d1:4\nd2:4\n", done
+    left_out = [line.rsplit(": ", 1)[1] for line in done.stderr.splitlines()]
+    assert left_out == ["h5 slots = 2", "h7:2:3", "h9", "h10:"], done.stderr
+
+
 def test_the_hostfile_script_names_a_missing_file(tmp_path):
     done = subprocess.run([os.path.join(SCRIPTS, "discover-hostfile.sh")], text=True,
                           capture_output=True, env=dict(os.environ,
@@ -48,3 +60,8 @@ def test_the_slurm_script_names_the_allocations_healthy_nodes(tmp_path):
            "SLURM_GPUS_ON_NODE": "4"}
     assert _discover("discover-slurm.sh", env) == {"n1": 4, "n3": 4}
     assert _discover("discover-slurm.sh", dict(env, ELASTIC_SLOTS="2")) == {"n1": 2, "n3": 2}
+    # The controller unreachable: a failure (Horovod keeps the hosts), not an empty list.
+    (tmp_path / "sinfo").write_text("#!/bin/sh\necho 'slurm_load_node: timeout' >&2\nexit 1\n")
+    done = subprocess.run([os.path.join(SCRIPTS, "discover-slurm.sh")], text=True,
+                          capture_output=True, env=dict(os.environ, **env))
+    assert done.returncode == 1 and not done.stdout and "sinfo failed" in done.stderr, done

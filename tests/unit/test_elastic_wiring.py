@@ -29,6 +29,13 @@ def test_what_elastic_needs_of_the_other_options(flags, message):
         parse_config(QUICK + ["--elastic"] + flags)
 
 
+def test_commit_every_without_elastic_is_refused_and_defaults_to_20():
+    with pytest.raises(ConfigError, match="--commit-every is the interval of --elastic"):
+        parse_config(QUICK + ["--commit-every", "5"])
+    assert parse_config(QUICK + ["--elastic"]).commit_interval == 20
+    assert parse_config(QUICK + ["--elastic", "--commit-every", "5"]).commit_interval == 5
+
+
 def test_elastic_outside_the_elastic_driver_is_one_line_and_exit_2(capsys, monkeypatch):
     monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     assert main(QUICK + ["--elastic", "--epochs", "1"]) == 2
