@@ -123,3 +123,24 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
              if m["event"] == "end"]
     print(f"final test accuracy: elastic {final[0]:.4f}, plain {final[1]:.4f}")
     assert abs(final[0] - final[1]) <= 0.01, final
+
+
+@pytest.mark.parametrize("event", ["sigterm", "vanish"])
+def test_hvdtrain_elastic_ends_cleanly_on_sigterm_or_no_host(event, tmp_path):
+    """SIGTERM to horovodrun in epoch 2, or the discovery output emptied there (the driver
+    gives up after --elastic-timeout 10): horovodrun exits non-zero, no worker is left 5 s
+    later, and the folder resumes (one more epoch, one process). How soon horovodrun ended
+    is printed, not asserted (docs/elastic.md has the figures)."""
+    result = run_job(parse_job([f"--{event}", "2:10", "--elastic-timeout", "10",
+                                "--timeout", "180", "--epochs", "4"]), str(tmp_path / "job"))
+    assert result["exit"] not in (0, "timeout"), result["errors"]
+    assert result["alive_5s_after_exit"] == 0, result
+    [happened] = result["events"]
+    print(f"{event}: horovodrun ended {happened['launcher_exit_after_s']} s later")
+    out = tmp_path / "job" / "out"
+    more = subprocess.run([os.path.join(BIN, "hvdtrain"), "--dataset", "digits", "--no-cuda",
+                           "--batch-size", "8", "--epochs", "4", "--output-dir", str(out),
+                           "--resume", "auto", "--log-interval", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert "resumed from" in more.stderr, more.stderr[-2000:]
