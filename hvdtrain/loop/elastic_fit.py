@@ -21,13 +21,15 @@ what fits its GPU's memory, and keeping it keeps every step's cost the same.
 from __future__ import annotations
 
 import logging
+import zlib
 from typing import Callable, List, Optional, Tuple
 
 from ..config import TrainConfig
 from ..report.log import info_on_every_rank, setup_logging
 from ..runtime import elastic_run
-from ..runtime.watchdog import BUSY_PHASES, Watchdog, gloo_timeout
+from ..runtime.watchdog import ELASTIC_RESET, Watchdog, gloo_timeout
 from ..store.dist import DistContext
+from ..store.gluon_internals import params_by_place
 from . import precision
 from .elastic import GluonState
 from .fit import Outputs, fit
@@ -36,16 +38,12 @@ from ..state.train_state import TrainState
 
 logger = logging.getLogger("hvdtrain")
 
-RESET_PHASE = BUSY_PHASES[2]
-
 
 def params_digest(net) -> str:
     """A CRC of every array of `net` (weights and running statistics), for the line each
     rank logs after a reset: equal on all ranks iff their arrays are equal."""
-    import zlib  # pylint: disable=import-outside-toplevel
-    from ..store.gluon_internals import params_by_place  # pylint: disable=import-outside-toplevel
     crc = 0
-    for name, param in sorted(params_by_place(net).items()):
+    for _, param in sorted(params_by_place(net).items()):
         crc = zlib.crc32(param.data().asnumpy().tobytes(), crc)
     return f"{crc:08x}"
 
@@ -110,7 +108,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
             finish(dist)
         return dist, result
 
-    return elastic_run.run(train, around_reset=lambda: watchdog.busy(RESET_PHASE))(state)
+    return elastic_run.run(train, around_reset=lambda: watchdog.busy(ELASTIC_RESET))(state)
 
 
 def _figures(cfg: TrainConfig, dist: DistContext, num_devices: int) -> dict:
@@ -130,8 +128,8 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
         logger.info("elastic: %d worker(s) at %s; a commit every %d steps; on a resize each "
                     "worker keeps batch %d and the rate follows --lr-scaling %s; a peer that "
                     "goes silent is given up after HOROVOD_GLOO_TIMEOUT_SECONDS=%g s",
-                    dist.num_workers, where, cfg.commit_interval, cfg.batch_size, cfg.lr_scaling,
-                    gloo_timeout())
+                    dist.num_workers, where, cfg.commit_interval, cfg.batch_size,
+                    cfg.lr_scaling, gloo_timeout())
     else:
         before = _figures(cfg, DistContext(num_workers=previous), num_devices)
         logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "

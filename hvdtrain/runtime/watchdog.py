@@ -41,8 +41,8 @@ GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 HOROVOD_WARNING_SECONDS = 60
 # What a rank may be busy with on its own while the others wait for it (the job's pulse
 # sends the index).
-BUSY_PHASES = ("writing a checkpoint", "saving the final parameters",
-               "an elastic reset (Horovod's driver gathers the workers)")
+ELASTIC_RESET = "an elastic reset (Horovod's driver gathers the workers)"
+BUSY_PHASES = ("writing a checkpoint", "saving the final parameters", ELASTIC_RESET)
 # Every phase a rank reports (the pulse sends the index): what its last completed step
 # names, or what it is busy with.
 PHASES = ("start-up", "training", "evaluation") + BUSY_PHASES

@@ -31,6 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from elastic_spike import write_hosts  # noqa: E402
 from loopback_hosts import loopback_hosts  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
@@ -40,12 +41,6 @@ EPOCH_LINE = re.compile(r"\] INFO epoch (\d+)/\d+ ")
 STEP_LINE = re.compile(r"\] INFO   step (\d+)/\d+ ")
 RESET_LINE = re.compile(r"\] INFO elastic reset: ")
 SYNC_LINE = re.compile(r"elastic: rank (\d+) of (\d+) synced at step (\d+), arrays (\w+)")
-
-
-def write_hosts(path, lines):
-    with open(path + ".tmp", "w") as out:
-        out.write("".join(line + "\n" for line in lines))
-    os.replace(path + ".tmp", path)  # the driver polls: never let it read half a file
 
 
 def job_pids(marker):

@@ -107,15 +107,7 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
         assert sum(counts.values()) - num_train <= 3, (epoch, counts.most_common(5))
 
     # The checkpoints stay resumable: one more epoch, one process, from the elastic folder.
-    out = tmp_path / "elastic" / "out"
-    more = subprocess.run([os.path.join(BIN, "hvdtrain"), "--dataset", "digits", "--no-cuda",
-                           "--batch-size", "8", "--epochs", "7", "--output-dir", str(out),
-                           "--resume", "auto", "--log-interval", "0"],
-                          capture_output=True, text=True, timeout=120)
-    assert more.returncode == 0, more.stderr[-2000:]
-    starts = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-              if '"start"' in line]
-    assert starts[-1]["start_epoch"] == 6, starts[-1]
+    assert _resumes_alone(tmp_path / "elastic" / "out", epochs=7) == 6
 
     plain = run_job(parse_job(["--plain", "--timeout", "200"] + JOB), str(tmp_path / "plain"))
     assert plain["exit"] == 0, plain["errors"]
@@ -137,10 +129,18 @@ def test_hvdtrain_elastic_ends_cleanly_on_sigterm_or_no_host(event, tmp_path):
     assert result["alive_5s_after_exit"] == 0, result
     [happened] = result["events"]
     print(f"{event}: horovodrun ended {happened['launcher_exit_after_s']} s later")
-    out = tmp_path / "job" / "out"
+    assert _resumes_alone(tmp_path / "job" / "out", epochs=4) >= 1
+
+
+def _resumes_alone(out, epochs):
+    """Resume the folder `out` of an elastic job with one process (not elastic) to `epochs`
+    epochs; check it resumed and finished; return the epoch it started from."""
     more = subprocess.run([os.path.join(BIN, "hvdtrain"), "--dataset", "digits", "--no-cuda",
-                           "--batch-size", "8", "--epochs", "4", "--output-dir", str(out),
-                           "--resume", "auto", "--log-interval", "0"],
+                           "--batch-size", "8", "--epochs", str(epochs), "--output-dir",
+                           str(out), "--resume", "auto", "--log-interval", "0"],
                           capture_output=True, text=True, timeout=120)
     assert more.returncode == 0, more.stderr[-2000:]
     assert "resumed from" in more.stderr, more.stderr[-2000:]
+    starts = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+              if '"start"' in line]
+    return starts[-1]["start_epoch"]
