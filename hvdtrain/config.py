@@ -226,6 +226,11 @@ class TrainConfig:
         out["gpus"] = list(self.gpus)
         return out
 
+    def global_batch(self, worker_batch: int, num_workers: int) -> int:
+        """Samples in one optimizer step: every worker's batch (`worker_batch`, over its
+        devices), times the ``--accumulate`` micro-batches it sums."""
+        return worker_batch * num_workers * self.accumulate
+
     @property
     def commit_interval(self) -> int:
         """Steps between two elastic commits (``--commit-every``, or its default)."""

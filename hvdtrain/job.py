@@ -78,7 +78,7 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
     """Rank 0's checkpoint writer (a no-op elsewhere, or without --output-dir)."""
     meta = {"config": cfg.to_dict(), "model": cfg.model_name, "dataset": cfg.dataset,
             "num_workers": dist.num_workers,
-            "global_batch": worker_batch * dist.num_workers * cfg.accumulate,
+            "global_batch": cfg.global_batch(worker_batch, dist.num_workers),
             "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
     saver = Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
                          enabled=dist.is_root, meta=meta, with_states=dist.synchronous)

@@ -99,7 +99,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         outputs = make_outputs(dist)
         outputs.metrics.write("elastic", num_workers=dist.num_workers,
                               previous_num_workers=sizes[-2] if len(sizes) > 1 else None,
-                              **_figures(cfg, dist, len(devices)),
+                              **_figures(cfg, dist.num_workers, len(devices)),
                               epoch=state.position.epoch, step=state.position.step,
                               epoch_samples=state.position.epoch_samples)
         with elastic_run.collective_errors():
@@ -111,17 +111,17 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
     return elastic_run.run(train, around_reset=lambda: watchdog.busy(ELASTIC_RESET))(state)
 
 
-def _figures(cfg: TrainConfig, dist: DistContext, num_devices: int) -> dict:
+def _figures(cfg: TrainConfig, num_workers: int, num_devices: int) -> dict:
     """The global batch and the base learning rate at this world size (the policy)."""
-    return dict(global_batch=cfg.batch_size * num_devices * dist.num_workers * cfg.accumulate,
-                base_lr=effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers))
+    return dict(global_batch=cfg.global_batch(cfg.batch_size * num_devices, num_workers),
+                base_lr=effective_base_lr(cfg.lr, cfg.lr_scaling, num_workers))
 
 
 def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
               previous: Optional[int], num_devices: int, digest: str) -> None:
     """Rank 0 says where training (re)starts and what the resize changed; every rank
     names the digest of its arrays (equal everywhere after the sync)."""
-    now = _figures(cfg, dist, num_devices)
+    now = _figures(cfg, dist.num_workers, num_devices)
     where = (f"epoch {position.epoch + 1}, step {position.step}, {position.epoch_samples} "
              f"samples into the epoch")
     if previous is None:
@@ -131,7 +131,7 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
                     dist.num_workers, where, cfg.commit_interval, cfg.batch_size,
                     cfg.lr_scaling, gloo_timeout())
     else:
-        before = _figures(cfg, DistContext(num_workers=previous), num_devices)
+        before = _figures(cfg, previous, num_devices)
         logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "
                     "%d -> %d, lr %g -> %g (--lr-scaling %s)", previous, dist.num_workers,
                     where, before["global_batch"], now["global_batch"], before["base_lr"],

@@ -170,9 +170,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
                 f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else "",
-                train_loader.batch_size * dist.num_workers * cfg.accumulate, steps_per_epoch,
-                base_lr,
-                cfg.lr_scaling, cfg.kvstore)
+                cfg.global_batch(train_loader.batch_size, dist.num_workers), steps_per_epoch,
+                base_lr, cfg.lr_scaling, cfg.kvstore)
     # Rank 0 writes; every rank learns whether it could (write_together), so a full disk
     # stops all of them at the same point instead of leaving them inside a collective.
     write_together(dist, lambda: metrics.write(

@@ -115,8 +115,7 @@ def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker
                        "optimizer starts afresh (momentum from zero)", path)
     apply_settings(trainer, cfg)
     loss_scale.restore_loss_scale(trainer, meta)
-    # A step's samples: every worker's batch, times the micro-batches it accumulates.
-    global_batch = worker_batch * dist.num_workers * cfg.accumulate
+    global_batch = cfg.global_batch(worker_batch, dist.num_workers)
     saved_batch, saved_workers = meta.get("global_batch"), meta.get("num_workers")
     saved_accumulate = int(meta.get("config", {}).get("accumulate", 1))
     # Under --elastic the world size changes by design, and each reset logs the new global

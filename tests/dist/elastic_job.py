@@ -26,12 +26,11 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_spike import write_hosts  # noqa: E402
+from elastic_spike import command_line, write_hosts  # noqa: E402
 from loopback_hosts import loopback_hosts  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
@@ -209,12 +208,7 @@ def parse(argv=None):
 
 
 def main():
-    args = parse()
-    folder = args.out or tempfile.mkdtemp(prefix="elastic-job-")
-    os.makedirs(folder, exist_ok=True)
-    result = run(args, folder)
-    print(json.dumps(result, indent=1))
-    return 0 if result["exit"] == 0 else 1
+    return command_line(parse, run, "elastic-job-")
 
 
 if __name__ == "__main__":

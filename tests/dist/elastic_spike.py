@@ -203,14 +203,19 @@ def parse(argv=None):
     return parser.parse_args(argv)
 
 
-def main():
-    args = parse()
-    folder = args.out or tempfile.mkdtemp(prefix="elastic-spike-")
+def command_line(parse_args, run_in, prefix):
+    """What a driver's ``main`` does: parse, run in ``--out`` (or a new temporary folder),
+    print the JSON summary; the exit status says whether the job exited 0."""
+    args = parse_args()
+    folder = args.out or tempfile.mkdtemp(prefix=prefix)
     os.makedirs(folder, exist_ok=True)
-    result = run(args, folder)
-    result["folder"] = folder
+    result = dict(run_in(args, folder), folder=folder)
     print(json.dumps(result, indent=1))
     return 0 if result["exit"] == 0 else 1
+
+
+def main():
+    return command_line(parse, run, "elastic-spike-")
 
 
 if __name__ == "__main__":
