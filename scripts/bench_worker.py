@@ -25,6 +25,7 @@ import horovod.mxnet as hvd
 import hvdtrain
 from hvdtrain import ConfigError, TrainConfig
 from hvdtrain.data.datasets import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_synthetic
+from hvdtrain.store.broadcast import broadcast_
 from hvdtrain.store.dist import DistContext, share_cpu_threads
 from hvdtrain.store.buckets import BucketedTrainer
 from hvdtrain.loop.guard import FiniteGuard
@@ -147,7 +148,12 @@ def plain_loop(args, data):
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx))
     params = net.collect_params()
-    hvd.broadcast_parameters(params, root_rank=0)
+    # Users write hvd.broadcast_parameters(params, root_rank=0) here. Its broadcast can
+    # crash a rank now and then (hvdtrain/store/broadcast.py); a sum-allreduce sets the
+    # same values without that risk, and is not timed.
+    for index, (_, param) in enumerate(sorted(params.items())):
+        broadcast_(hvd, param.data(), f"plain.init.{index}")
+    mx.nd.waitall()
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
     trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": 0.01, "momentum": 0.9,
                                                      "wd": 1e-4}, compression=compression)

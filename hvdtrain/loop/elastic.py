@@ -31,30 +31,27 @@ from horovod.common.elastic import ObjectState
 from ..runtime.elastic_run import collective_errors
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
+from ..store.broadcast import broadcast_object
 from ..store.gluon_internals import (optimizer_states, params_by_place, set_optimizer_states,
                                      skip_first_step_broadcast, store_of, updates_on_store)
 
-# Every rank must name a broadcast alike: horovod.mxnet's broadcast_object otherwise names it
-# after type(obj), and ranks passing different types wait on each other for ever.
+# Every rank must name a broadcast alike (ranks that pass different names wait on each other
+# for ever): the name is built from what is sent, the same on every rank.
 _BCAST_NAME = "hvdtrain.elastic.{}"
 
 
 def _horovod_bcast(obj, name):
     import horovod.mxnet as hvd
     if hvd.size() == 1:
-        # Alone, rank 0's object is this one. Horovod's own collectives on a lone process
-        # crashed now and then under load (as HorovodKVStore found; a probe saw elastic
-        # jobs of one worker segfault 3 times in 8), so they are not started at all.
-        return obj
+        return obj  # alone, rank 0's object is this one
     # A peer lost during a commit's or a sync's broadcast must roll back like one lost
     # during a step, not end this worker with an MXNetError.
     with collective_errors():
-        obj = hvd.broadcast_object(obj, root_rank=0, name=name)
-        # On rank 0 the broadcast is only queued in MXNet's engine when broadcast_object
-        # returns: wait, so that a commit is a point every rank has passed (a rank 0 that
-        # finished and shut Horovod down with its last broadcast queued failed a slower rank).
-        mx.nd.waitall()
-    return obj
+        # Not horovod.mxnet's broadcast_object, which can crash (store/broadcast.py). This
+        # one has completed on every rank when it returns, so a commit is a point every rank
+        # has passed (a rank 0 that finished and shut Horovod down with its last broadcast
+        # still queued failed a slower rank).
+        return broadcast_object(hvd, obj, name)
 
 
 def _horovod_rank():
@@ -75,8 +72,8 @@ class GluonState(ObjectState):
     position : TrainState, optional
         Where training stands; read and set through ``state.position``.
     bcast_object : callable, optional
-        ``bcast_object(obj, name) -> obj``: rank 0's `obj` on every rank. Horovod's
-        ``broadcast_object`` by default.
+        ``bcast_object(obj, name) -> obj``: rank 0's `obj` on every rank. By default
+        :func:`hvdtrain.store.broadcast.broadcast_object` on Horovod.
     get_rank : callable, optional
         This worker's rank. Horovod's ``rank`` by default.
     **values

@@ -15,6 +15,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from ..config import ConfigError
+from .broadcast import broadcast_
 
 NATIVE_STORES = ("local", "device", "dist_sync", "dist_device_sync", "dist_async")
 
@@ -97,8 +98,7 @@ class HorovodKVStore(KVStoreBase):
     @property
     def _alone(self):
         # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
-        # cost, and sidesteps a rare crash seen inside Horovod's broadcast enqueue when a
-        # single process starts under load. Read every time: an elastic job's size changes.
+        # cost. Read every time: an elastic job's size changes.
         return self._hvd.size() == 1
 
     @property
@@ -139,8 +139,8 @@ class HorovodKVStore(KVStoreBase):
             Higher runs earlier in MXNet's engine.
         """
         if not self._alone:  # alone, the copies below are the whole broadcast
-            self._hvd.broadcast_(value, root_rank=0, name=f"broadcast.{key}",
-                                 priority=priority)
+            # A sum, not Horovod's broadcast, which can crash (store/broadcast.py).
+            broadcast_(self._hvd, value, f"broadcast.{key}", priority=priority)
         for target in _as_list(out):
             if target is not value:
                 value.copyto(target)

@@ -29,6 +29,8 @@ import horovod.mxnet as hvd
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from hvdtrain.store.broadcast import broadcast_object
+
 
 def emit(event, **fields):
     print(json.dumps(dict(event=event, t=time.time(), pid=os.getpid(),
@@ -51,7 +53,11 @@ class SpikeState(ObjectState):
         self.net, self.trainer = net, trainer
         self._params = self._read_params()
         self._opt = self._read_opt()
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **counters)
+        # hvdtrain's broadcast_object: horovod.mxnet's can crash a rank (see
+        # hvdtrain/store/broadcast.py), which this spike would count as a lost rank.
+        super().__init__(bcast_object=lambda obj: broadcast_object(
+                             hvd, obj, "spike." + type(obj).__name__),
+                         get_rank=hvd.rank, **counters)
 
     def _read_params(self):
         return {n: p.data().asnumpy() for n, p in self.net.collect_params().items()}
@@ -82,11 +88,10 @@ class SpikeState(ObjectState):
 
     def sync(self):
         # Values via broadcast_object (pickled numpy): no parameter array on a new or a
-        # reset rank has to be readable by the engine before this point.
-        # broadcast_object names the collective after type(obj) unless told: every rank must
+        # reset rank has to be readable by the engine before this point. Every rank must
         # pass the same name, or the ranks wait for each other's differently named tensors.
-        self._params = hvd.broadcast_object(self._params, name="spike.params")
-        self._opt = hvd.broadcast_object(self._opt, name="spike.opt")
+        self._params = broadcast_object(hvd, self._params, "spike.params")
+        self._opt = broadcast_object(hvd, self._opt, "spike.opt")
         self._write_params(self._params)
         self._write_opt(self._opt)
         super().sync()
@@ -202,8 +207,8 @@ def main():
         emit("done", rank=hvd.rank(), size=hvd.size(), step=state.step, digest=digest(net))
 
     train(state)
-    # Rank 0's side of a broadcast_object is queued in MXNet's engine, not yet done: shut
-    # down now and a slower rank still in that broadcast fails (seen in the spike).
+    # Let MXNet's engine finish what is queued (the last step's collectives): shut down with
+    # one of them pending and a slower rank still in it fails.
     mx.nd.waitall()
     hvd.shutdown()
     return 0

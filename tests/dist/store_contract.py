@@ -12,6 +12,7 @@ import os
 import sys
 
 import mxnet as mx
+import numpy as np
 
 import hvdtrain  # noqa: F401  registers 'horovod'
 from hvdtrain.store.dist import DistContext
@@ -92,6 +93,13 @@ def horovod_extras(store, rank):
     fp16.pushpull("fp16_out", value, out=out)
     seen["fp16"] = [float(compressed.asscalar()), str(compressed.dtype), float(again.asscalar()),
                     float(out.asscalar()), float(value.asscalar())]
+    # A broadcast is a sum with zeros from the other ranks (store/broadcast.py): whatever
+    # they held, NaN or integers, they end with rank 0's values exactly.
+    held = mx.nd.array([0.1, -0.0, 3e38]) if rank == 0 else mx.nd.array([np.nan, 7, np.inf])
+    counts = mx.nd.array([2**40 + 1, -5] if rank == 0 else [9, 9], dtype="int64")
+    store.broadcast("held", held, held)
+    store.broadcast("counts", counts, counts)
+    seen["broadcast_exact"] = [held.asnumpy().tobytes().hex(), counts.asnumpy().tolist()]
     # Bookkeeping beside compressed gradients is exact, even beyond float16's 65,504.
     totals = mx.nd.array([70000.5 + rank, 3001.0, 1e6])
     DistContext.from_store(fp16).sum_across_workers("totals", totals)

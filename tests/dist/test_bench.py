@@ -57,9 +57,11 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
         timeout=JOB_TIMEOUT, env={"OMP_NUM_THREADS": "1", "HOROVOD_TIMELINE": str(timeline)})
     assert proc.returncode == 0, proc.stdout[-3000:]
     phases = timeline_phases(timeline)
-    # Gradients: every allreduce but the loop's bookkeeping sums.
+    # Gradients: every allreduce but the loop's bookkeeping sums and the start-up broadcast
+    # (an allreduce too: hvdtrain/store/broadcast.py).
     gradients = {row: seen for row, seen in phases.items() if "MPI_ALLREDUCE" in seen
-                 and not row.endswith(("finite_check", "train_totals"))}
+                 and not row.endswith(("finite_check", "train_totals"))
+                 and ".broadcast." not in row}
     assert len(gradients) > 1, sorted(phases)
     copied_rows = sorted(row for row, seen in gradients.items()
                          if "MEMCPY_IN_FUSION_BUFFER" in seen)

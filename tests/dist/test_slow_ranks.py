@@ -3,40 +3,12 @@ evaluation alone) ends neither a user's own program nor an hvdtrain job. (A froz
 still ends the job: test_reliability.py's test_a_frozen_rank_ends_the_job.)"""
 import json
 import os
-import sys
 
 import pytest
 
-from helpers import StartedCommand
-from jobs import DIGITS, launcher
+from paused_jobs import GLOO_AND_MPI, PAUSE_S
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-GLOO_AND_MPI = ["horovodrun", "horovodrun-gloo"]
-PAUSE_S, SLOW_CHECKPOINT_S = 200, 150
-
-
-@pytest.fixture(scope="module")
-def paused_jobs(tmp_path_factory):
-    """The module's four jobs (two programs x MPI and Gloo), started together: each spends
-    minutes waiting on a paused rank 0, so running them side by side costs the suite one
-    pause instead of four (they sleep rather than compute). {(program, launcher): (the
-    started command, its folder)}."""
-    jobs = {}
-    for name in GLOO_AND_MPI:
-        jobs[("library", name)] = (StartedCommand(launcher(name) + [
-            sys.executable, os.path.join(HERE, "paused_program.py"), str(PAUSE_S)]), None)
-        folder = tmp_path_factory.mktemp(f"slow-checkpoint-{name}")
-        jobs[("checkpoint", name)] = (StartedCommand(launcher(name) + [
-            sys.executable, os.path.join(HERE, "slow_storage_worker.py"),
-            str(SLOW_CHECKPOINT_S), str(folder), *DIGITS, "--model", "mlp", "--batch-size",
-            "32", "--epochs", "2", "--stall-timeout", "60", "--output-dir",
-            str(folder / "run")]), folder)
-    yield jobs
-    for started, _ in jobs.values():
-        started.kill()  # a test that failed early leaves nothing running
 
 
 @pytest.mark.parametrize("name", GLOO_AND_MPI)

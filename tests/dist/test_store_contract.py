@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from helpers import run_command
@@ -58,6 +59,9 @@ def test_horovod_store_keeps_the_contract(ranks, tmp_path):
         # value stays float32, and with `out` it is left as it was
         assert dump["fp16"] == [float(ranks), "<class 'numpy.float32'>", 2.0 * ranks,
                                 float(ranks), pytest.approx(1.0001)]
+        # -0.0 arrives as 0.0 (-0.0 + 0.0), on rank 0 too: the replicas stay bit-identical.
+        assert dump["broadcast_exact"] == [np.array([0.1, 0.0, 3e38], "float32").tobytes().hex(),
+                                           [2**40 + 1, -5]]
         assert dump["exact_totals"] == [70000.5 * ranks + sum(range(ranks)), 3001.0 * ranks,
                                         1e6 * ranks]
 
