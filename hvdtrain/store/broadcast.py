@@ -86,7 +86,7 @@ def broadcast_object(hvd, obj, name: str):
     if root:
         data = mx.nd.array(np.frombuffer(payload, dtype=np.uint8), dtype="uint8")
     else:
-        data = mx.nd.zeros((nbytes,), dtype="uint8")
+        data = mx.nd.empty((nbytes,), dtype="uint8")  # broadcast_ zeroes it
     broadcast_(hvd, data, f"{name}.bytes")
     received = data.asnumpy()  # waits for the collective on every rank, rank 0's too
     return obj if root else pickle.loads(received.tobytes())
