@@ -18,13 +18,18 @@ demo: install
 	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir $(DEMO_DIR)
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
-# The whole suite, as CI runs it; the 15 slowest tests are listed at the end.
+# The whole suite, as CI runs it; the 15 slowest tests are listed at the end. Two test
+# processes (pytest-xdist): about half of a launched job's time is spent waiting (start-up,
+# rendezvous, timeouts), so a second one fills the cores. Tests that share one job carry
+# the same xdist_group mark and run in one process (docs/development.md).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup
 test: install
-	$(PY) -m pytest -q -ra --durations=15 tests
+	$(PYTEST) tests
 
 # While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
 test-fast: install
-	$(PY) -m pytest -q -ra --durations=15 -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit

@@ -1,7 +1,9 @@
 """Fixtures of the multi-process tests."""
+import os
+
 import pytest
 
-from paused_jobs import start_paused_jobs
+from paused_jobs import PausedJobs, session_folder
 
 
 @pytest.fixture(scope="session")
@@ -9,11 +11,13 @@ def paused_jobs(tmp_path_factory):
     """test_slow_ranks.py's jobs (paused_jobs.py). Each spends minutes asleep while its rank
     0 pauses, so they start with the first multi-process test (see
     :func:`_start_paused_jobs_first`) and run beside the others: the suite pays for their
-    start-up, not for their pauses."""
-    jobs = start_paused_jobs(tmp_path_factory)
+    start-up, not for their pauses. Under ``pytest -n`` the first worker to get here
+    starts them and the others join them."""
+    jobs = PausedJobs(session_folder(tmp_path_factory)).start_or_join()
     yield jobs
-    for started, _ in jobs.values():
-        started.kill()  # a test that failed early leaves nothing running
+    # A test that failed early leaves nothing running; under pytest -n another worker may
+    # still be waiting for a job this one started.
+    jobs.stop(others_may_wait=bool(os.environ.get("PYTEST_XDIST_WORKER")))
 
 
 @pytest.fixture(scope="session", autouse=True)

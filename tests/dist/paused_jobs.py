@@ -1,26 +1,148 @@
-"""The jobs of test_slow_ranks.py: a rank 0 that pauses for minutes, under MPI and Gloo."""
-import os
-import sys
+"""The jobs of test_slow_ranks.py: a rank 0 that pauses for minutes, under MPI and Gloo.
 
-from helpers import StartedCommand
+They spend minutes asleep, so one test worker starts them early (tests/dist/conftest.py)
+and whichever worker runs test_slow_ranks.py waits for them: with ``pytest -n 2`` the
+workers are separate processes, so a job is shared through files (its output, its pid and
+its exit status in a folder of the session), not through a Popen object."""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import BIN, REPO, record_job
 from jobs import DIGITS, launcher
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GLOO_AND_MPI = ["horovodrun", "horovodrun-gloo"]
 PAUSE_S, SLOW_CHECKPOINT_S = 200, 150
+FINISH_TIMEOUT = 900  # from the jobs' start: a pause of 200 s and start-ups on a busy machine
 
 
-def start_paused_jobs(tmp_path_factory):
-    """Start the four jobs (two programs x MPI and Gloo) and return them:
-    {(program, launcher): (the started command, its folder or None)}."""
-    jobs = {}
+def session_folder(tmp_path_factory):
+    """A folder every test worker of this session shares (pytest-xdist gives each worker
+    its own base temporary folder, under one per session)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class SharedJob:
+    """A command started in its own session by one test process, which any test process of
+    the same pytest session can wait for: its output, pid and exit status are files in
+    `folder`."""
+
+    def __init__(self, folder, cmd):
+        self.folder, self.cmd = str(folder), list(map(str, cmd))
+        self.log = os.path.join(self.folder, "output.log")
+        self.status = os.path.join(self.folder, "status")
+
+    def start(self):
+        """Start the command (the shell that wraps it writes its exit status when it ends)."""
+        os.makedirs(self.folder, exist_ok=True)
+        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+        wrapped = ["sh", "-c", '"$@"; echo $? > "$0.part" && mv "$0.part" "$0"', self.status,
+                   *self.cmd]
+        with open(self.log, "w") as out:
+            proc = subprocess.Popen(wrapped, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    cwd=REPO, start_new_session=True)
+        with open(os.path.join(self.folder, "pid"), "w") as pid:
+            pid.write(str(proc.pid))
+        self._proc = proc  # reaped by this process's kill() or when it exits
+        return self
+
+    def done(self):
+        return os.path.exists(self.status)
+
+    def finish(self, deadline):
+        """Wait until the monotonic `deadline` (then kill the job and fail); the
+        CompletedProcess. The output is recorded for the failure report."""
+        while not self.done() and time.monotonic() < deadline:
+            time.sleep(1)
+        timed_out = not self.done()
+        if timed_out:
+            self.kill()
+        record_job(self.cmd, path=None, output=self.output())
+        if timed_out:
+            pytest.fail(f"timed out waiting for: {' '.join(self.cmd)}")
+        with open(self.status) as status:
+            return subprocess.CompletedProcess(self.cmd, int(status.read()), self.output(), None)
+
+    def output(self):
+        with open(self.log, errors="replace") as src:
+            return src.read()
+
+    def kill(self):
+        """SIGKILL the job's whole session if it still runs."""
+        with open(os.path.join(self.folder, "pid")) as pid:
+            try:
+                os.killpg(int(pid.read()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if getattr(self, "_proc", None) is not None:
+            self._proc.wait()
+
+
+def _job_commands(folder):
+    """{(program, launcher) as "program/launcher": (command, the worker's output folder or
+    None)}."""
+    commands = {}
     for name in GLOO_AND_MPI:
-        jobs[("library", name)] = (StartedCommand(launcher(name) + [
-            sys.executable, os.path.join(HERE, "paused_program.py"), str(PAUSE_S)]), None)
-        folder = tmp_path_factory.mktemp(f"slow-checkpoint-{name}")
-        jobs[("checkpoint", name)] = (StartedCommand(launcher(name) + [
+        commands[f"library/{name}"] = (launcher(name) + [
+            sys.executable, os.path.join(HERE, "paused_program.py"), str(PAUSE_S)], None)
+        run_root = os.path.join(folder, f"slow-checkpoint-{name}")
+        commands[f"checkpoint/{name}"] = (launcher(name) + [
             sys.executable, os.path.join(HERE, "slow_storage_worker.py"),
-            str(SLOW_CHECKPOINT_S), str(folder), *DIGITS, "--model", "mlp", "--batch-size",
+            str(SLOW_CHECKPOINT_S), run_root, *DIGITS, "--model", "mlp", "--batch-size",
             "32", "--epochs", "2", "--stall-timeout", "60", "--output-dir",
-            str(folder / "run")]), folder)
-    return jobs
+            os.path.join(run_root, "run")], run_root)
+    return commands
+
+
+class PausedJobs:
+    """The four jobs (two programs x MPI and Gloo) of this session, started by the first
+    test process that asks (:meth:`start_or_join`) and joined by the others."""
+
+    def __init__(self, folder):
+        self.folder = os.path.join(str(folder), "paused-jobs")
+        self.jobs, self.started_here, self.deadline = {}, False, None
+
+    def start_or_join(self):
+        os.makedirs(self.folder, exist_ok=True)
+        record = os.path.join(self.folder, "started.json")
+        for key, (cmd, run_root) in _job_commands(self.folder).items():
+            job = SharedJob(os.path.join(self.folder, key.replace("/", "-")), cmd)
+            self.jobs[tuple(key.split("/"))] = (job, run_root)
+        with open(os.path.join(self.folder, "lock"), "w") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one starter per session
+            if not os.path.exists(record):
+                for job, run_root in self.jobs.values():
+                    if run_root:
+                        os.makedirs(run_root, exist_ok=True)
+                    job.start()
+                with open(record, "w") as out:
+                    json.dump({"wall_time": time.time()}, out)
+                self.started_here = True
+        with open(record) as src:
+            started = json.load(src)["wall_time"]
+        self.deadline = time.monotonic() + FINISH_TIMEOUT - (time.time() - started)
+        return self
+
+    def finish(self, key):
+        """(the CompletedProcess of job `key`, its worker's output folder)."""
+        job, run_root = self.jobs[key]
+        return job.finish(self.deadline), run_root
+
+    def stop(self, others_may_wait):
+        """At the end of the session of the process that started them: kill what still runs
+        (after waiting for the other test processes' tests, bounded, if `others_may_wait`)."""
+        if not self.started_here:
+            return
+        while others_may_wait and time.monotonic() < self.deadline \
+                and not all(job.done() for job, _ in self.jobs.values()):
+            time.sleep(1)
+        for job, _ in self.jobs.values():
+            job.kill()

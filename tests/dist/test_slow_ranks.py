@@ -3,6 +3,7 @@ evaluation alone) ends neither a user's own program nor an hvdtrain job. (A froz
 still ends the job: test_reliability.py's test_a_frozen_rank_ends_the_job.)"""
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -16,8 +17,7 @@ def test_a_library_program_whose_rank_0_pauses_200_s_finishes(name, paused_jobs)
     """README's library API (`import hvdtrain; mx.kv.create('horovod')`): the store sets no
     stall shutdown of its own, so a 200 s pause between two pushpulls is only slow (under
     Gloo too: Horovod's background threads keep exchanging while rank 0 pauses)."""
-    started, _ = paused_jobs[("library", name)]
-    proc = started.finish(timeout=900)
+    proc, _ = paused_jobs.finish(("library", name))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"rank 0 pauses {PAUSE_S} s" in proc.stdout
     # ones * (rank + 1) summed over ranks 0 and 1, before and after the pause
@@ -29,9 +29,9 @@ def test_a_checkpoint_slower_than_the_stall_timeout_is_not_a_stall(name, paused_
     """--stall-timeout 60, rank 0's first checkpoint takes 150 s more: rank 0 is busy, rank
     1 waits in the next allreduce hearing that through the pulse; the run finishes in one
     go (nothing resumed) with every step and checkpoint."""
-    started, tmp_path = paused_jobs[("checkpoint", name)]
+    proc, run_root = paused_jobs.finish(("checkpoint", name))
+    tmp_path = pathlib.Path(run_root)
     out = tmp_path / "run"
-    proc = started.finish(timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "slow storage: this checkpoint takes 150 s more" in proc.stdout
     assert "no progress on any rank" not in proc.stdout and "resumed" not in proc.stdout
