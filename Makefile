@@ -19,11 +19,12 @@ demo: install
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
 # The whole suite, as CI runs it; the 15 slowest tests are listed at the end. Two test
-# processes (pytest-xdist): about half of a launched job's time is spent waiting (start-up,
-# rendezvous, timeouts), so a second one fills the cores. Tests that share one job carry
-# the same xdist_group mark and run in one process (docs/development.md).
+# processes (pytest-xdist): a launched job spends much of its time waiting (start-up,
+# rendezvous, timeouts), so a second one fills the cores. Each test file runs whole in one
+# of them (--dist loadfile): a module fixture's job is started once, and the documented
+# lines of test_readme_commands.py run in order (docs/development.md).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
 test: install
 	$(PYTEST) tests
 

@@ -12,8 +12,7 @@ import pytest
 from helpers import run_command
 from jobs import JOB_TIMEOUT, launcher
 
-# Every test reads the one job of the `seen` fixture: one test worker runs them all.
-pytestmark = [pytest.mark.dist, pytest.mark.xdist_group("buckets")]
+pytestmark = pytest.mark.dist
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bucket_cases.py")
 CASES = ["backward_before_setup", "setup_first", "unfreeze", "freeze", "grad_add",
          "reset_ctx", "cast", "load_parameters", "two_devices"]

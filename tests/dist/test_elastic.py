@@ -120,15 +120,17 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
 @pytest.mark.parametrize("event", ["sigterm", "vanish"])
 def test_hvdtrain_elastic_ends_cleanly_on_sigterm_or_no_host(event, tmp_path):
     """SIGTERM to horovodrun in epoch 2, or the discovery output emptied there (the driver
-    gives up after --elastic-timeout 10): horovodrun exits non-zero, no worker is left 5 s
-    later, and the folder resumes (one more epoch, one process). How soon horovodrun ended
-    is printed, not asserted (docs/elastic.md has the figures)."""
+    gives up after --elastic-timeout 10): horovodrun exits non-zero, every worker then
+    exits by itself (within elastic_job.LEFTOVER_BOUND_S: a bound, not a measurement), and
+    the folder resumes (one more epoch, one process). How soon horovodrun ended and its
+    workers were gone is printed, not asserted (docs/elastic.md has the figures)."""
     result = run_job(parse_job([f"--{event}", "2:10", "--elastic-timeout", "10",
                                 "--timeout", "180", "--epochs", "4"]), str(tmp_path / "job"))
     assert result["exit"] not in (0, "timeout"), result["errors"]
-    assert result["alive_5s_after_exit"] == 0, result
+    assert result["alive_after_exit"] == 0, result
     [happened] = result["events"]
-    print(f"{event}: horovodrun ended {happened['launcher_exit_after_s']} s later")
+    print(f"{event}: horovodrun ended {happened['launcher_exit_after_s']} s later, its "
+          f"last worker {result['workers_gone_after_s']} s after that")
     assert _resumes_alone(tmp_path / "job" / "out", epochs=4) >= 1
 
 

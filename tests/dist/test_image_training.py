@@ -80,7 +80,6 @@ def trained(tmp_path_factory):
     return out
 
 
-@pytest.mark.xdist_group("image-training")  # one worker trains `trained` once
 def test_two_ranks_learn_the_folder_and_the_pack_in_the_same_order(trained):
     for kind in ("imagefolder", "recordio"):
         results, params, _, _ = trained[kind]
@@ -94,7 +93,6 @@ def test_two_ranks_learn_the_folder_and_the_pack_in_the_same_order(trained):
         assert folder_ids[0] != folder_ids[1]  # shuffled anew each epoch
 
 
-@pytest.mark.xdist_group("image-training")  # one worker trains `trained` once
 def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, digit_images, tmp_path):
     _, _, ids, _ = trained["recordio"]
     assert_each_sample_once(ids, 1438, 359, epochs=14)

@@ -167,7 +167,6 @@ def frozen_jobs(tmp_path_factory):
 
 
 @pytest.mark.slow  # waits out a 30 s stall timeout after start-up (once for all four)
-@pytest.mark.xdist_group("frozen-jobs")  # one worker starts `frozen_jobs` once
 @pytest.mark.parametrize("name", ALL_LAUNCHERS)
 def test_a_frozen_rank_ends_the_job(name, frozen_jobs):
     """SIGSTOP of one rank: the others' watchdogs fire after --stall-timeout, the launcher
