@@ -18,19 +18,24 @@ demo: install
 	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir $(DEMO_DIR)
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
-# The whole suite, as CI runs it; the 15 slowest tests are listed at the end. Two test
+# The whole suite, as CI runs it; the slowest tests are listed at the end. Two test
 # processes (pytest-xdist): a launched job spends much of its time waiting (start-up,
 # rendezvous, timeouts), so a second one fills the cores. Each test file runs whole in one
-# of them (--dist loadfile): a module fixture's job is started once, and the documented
-# lines of test_readme_commands.py run in order (docs/development.md).
+# of them, long files first (--dist loadfile --no-loadscope-reorder, tests/conftest.py): a
+# module fixture's job is started once, and the documented lines of
+# test_readme_commands.py run in order. Tests marked `alone` (elastic jobs, whose recovery
+# depends on timeouts) then run in one process (docs/development.md).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -q -ra
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install
-	$(PYTEST) tests
+	$(PYTEST) --durations=15 $(PARALLEL) -m "not alone" tests
+	$(PYTEST) --durations=5 -m alone tests
 
 # While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
 test-fast: install
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) --durations=15 $(PARALLEL) -m "not slow and not alone" tests
+	$(PYTEST) --durations=5 -m "alone and not slow" tests
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit

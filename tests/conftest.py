@@ -9,6 +9,18 @@ import pytest  # noqa: E402
 import helpers  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """Files holding a test marked `slow` first, then the other multi-process files, then
+    the unit files: with ``make test``'s two test processes (each file whole in one of them,
+    in this order: ``--no-loadscope-reorder``) the long files start early and the many short
+    unit files fill the end, instead of one process finishing a long file alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    dist_files = {item.path for item in items if item.get_closest_marker("dist")}
+    rank = {id(item): (item.path not in slow_files, item.path not in dist_files, index)
+            for index, item in enumerate(items)}
+    items.sort(key=lambda item: rank[id(item)])
+
+
 @pytest.fixture(autouse=True)
 def _forget_jobs():
     helpers.clear_jobs()
