@@ -18,14 +18,14 @@ demo: install
 	    --epochs 10 --lr 0.05 --log-interval 0 --output-dir $(DEMO_DIR)
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
-# The whole suite, as CI runs it; the slowest tests are listed at the end. Two test
-# processes (pytest-xdist): a launched job spends much of its time waiting (start-up,
-# rendezvous, timeouts), so a second one fills the cores. Each test file runs whole in one
-# of them, long files first (--dist loadfile --no-loadscope-reorder, tests/conftest.py): a
-# module fixture's job is started once, and the documented lines of
-# test_readme_commands.py run in order. Tests marked `alone` (elastic jobs, whose recovery
-# depends on timeouts) then run in one process (docs/development.md).
-TEST_WORKERS ?= 2
+# The whole suite, as CI runs it; the slowest tests are listed at the end. Tests marked
+# `alone` (elastic jobs, whose recovery depends on a 10 s timeout) run after the others.
+# TEST_WORKERS=2 runs the others in two test processes (pytest-xdist): each test file whole
+# in one of them, long files first (--dist loadfile --no-loadscope-reorder,
+# tests/conftest.py), so a module fixture's job starts once and the documented lines of
+# test_readme_commands.py run in order. It is not the default yet: each of three such runs
+# failed one test by chance (docs/development.md).
+TEST_WORKERS ?= 0
 PYTEST := $(PY) -m pytest -q -ra
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install

@@ -13,7 +13,10 @@ def pytest_collection_modifyitems(items):
     """Files holding a test marked `slow` first, then the other multi-process files, then
     the unit files: with ``make test``'s two test processes (each file whole in one of them,
     in this order: ``--no-loadscope-reorder``) the long files start early and the many short
-    unit files fill the end, instead of one process finishing a long file alone."""
+    unit files fill the end, instead of one process finishing a long file alone. In one
+    process (no xdist) the order stays pytest's own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     dist_files = {item.path for item in items if item.get_closest_marker("dist")}
     rank = {id(item): (item.path not in slow_files, item.path not in dist_files, index)

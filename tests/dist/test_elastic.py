@@ -16,8 +16,9 @@ from elastic_ids import trained_ids
 from elastic_job import BIN, parse as parse_job, run as run_job
 from elastic_spike import parse, run
 
-# `alone`: a killed worker's recovery waits on Gloo's timeout; beside another test process
-# (a load of 7 on 2 cores) the survivors once aborted instead (docs/development.md).
+# `alone`: these jobs set Gloo's timeout to 10 s (a fast recovery). Beside the other test
+# process (a load of 7 on 2 cores) a returning host's workers once started too slowly to
+# meet it, and the running workers aborted (docs/elastic.md, HOROVOD_GLOO_TIMEOUT_SECONDS).
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.alone]
 
 
