@@ -10,11 +10,11 @@ import helpers  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):
-    """Files holding a test marked `slow` first, then the other multi-process files, then
-    the unit files: with ``make test``'s two test processes (each file whole in one of them,
-    in this order: ``--no-loadscope-reorder``) the long files start early and the many short
-    unit files fill the end, instead of one process finishing a long file alone. In one
-    process (no xdist) the order stays pytest's own."""
+    """Under two test processes (``make test TEST_WORKERS=2``: each file whole in one of
+    them, in this order, ``--no-loadscope-reorder``): files holding a test marked `slow`
+    first, then the other multi-process files, then the unit files, so the long files start
+    early and the many short unit files fill the end, instead of one process finishing a
+    long file alone. In one process the order stays pytest's own."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
