@@ -24,7 +24,7 @@ demo: install
 # in one of them, long files first (--dist loadfile --no-loadscope-reorder,
 # tests/conftest.py), so a module fixture's job starts once and the documented lines of
 # test_readme_commands.py run in order. It is not the default yet: each of four such runs
-# failed one test by chance (docs/development.md).
+# failed by chance (docs/development.md).
 TEST_WORKERS ?= 0
 PYTEST := $(PY) -m pytest -q -ra
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
