@@ -39,6 +39,7 @@ class SharedJob:
         self.folder, self.cmd = str(folder), list(map(str, cmd))
         self.log = os.path.join(self.folder, "output.log")
         self.status = os.path.join(self.folder, "status")
+        self._proc = None  # the Popen, in the process that started the job
 
     def start(self):
         """Start the command (the shell that wraps it writes its exit status when it ends)."""
@@ -65,11 +66,12 @@ class SharedJob:
         timed_out = not self.done()
         if timed_out:
             self.kill()
-        record_job(self.cmd, path=None, output=self.output())
+        output = self.output()
+        record_job(self.cmd, output=output)
         if timed_out:
             pytest.fail(f"timed out waiting for: {' '.join(self.cmd)}")
         with open(self.status) as status:
-            return subprocess.CompletedProcess(self.cmd, int(status.read()), self.output(), None)
+            return subprocess.CompletedProcess(self.cmd, int(status.read()), output, None)
 
     def output(self):
         with open(self.log, errors="replace") as src:
@@ -82,19 +84,18 @@ class SharedJob:
                 os.killpg(int(pid.read()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if getattr(self, "_proc", None) is not None:
+        if self._proc is not None:
             self._proc.wait()
 
 
 def _job_commands(folder):
-    """{(program, launcher) as "program/launcher": (command, the worker's output folder or
-    None)}."""
+    """{(program, launcher): (command, the worker's output folder or None)}."""
     commands = {}
     for name in GLOO_AND_MPI:
-        commands[f"library/{name}"] = (launcher(name) + [
+        commands[("library", name)] = (launcher(name) + [
             sys.executable, os.path.join(HERE, "paused_program.py"), str(PAUSE_S)], None)
         run_root = os.path.join(folder, f"slow-checkpoint-{name}")
-        commands[f"checkpoint/{name}"] = (launcher(name) + [
+        commands[("checkpoint", name)] = (launcher(name) + [
             sys.executable, os.path.join(HERE, "slow_storage_worker.py"),
             str(SLOW_CHECKPOINT_S), run_root, *DIGITS, "--model", "mlp", "--batch-size",
             "32", "--epochs", "2", "--stall-timeout", "60", "--output-dir",
@@ -114,8 +115,7 @@ class PausedJobs:
         os.makedirs(self.folder, exist_ok=True)
         record = os.path.join(self.folder, "started.json")
         for key, (cmd, run_root) in _job_commands(self.folder).items():
-            job = SharedJob(os.path.join(self.folder, key.replace("/", "-")), cmd)
-            self.jobs[tuple(key.split("/"))] = (job, run_root)
+            self.jobs[key] = (SharedJob(os.path.join(self.folder, "-".join(key)), cmd), run_root)
         with open(os.path.join(self.folder, "lock"), "w") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one starter per session
             if not os.path.exists(record):
