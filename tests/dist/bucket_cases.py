@@ -181,10 +181,12 @@ def run_case(name, mode, store, out_dir):
     diffs = [float(np.max(np.abs(a - b))) for a, b in zip(finals[True], finals[False])]
     report["max_diff"] = max(diffs)
     report["worst"] = names[int(np.argmax(diffs))]  # to say where a difference lies
-    # BatchNorm's running statistics follow each rank's own batches; the rest must agree.
-    trained = [a.ravel() for name, a in zip(names, finals[True])
-               if not name.endswith(("running_mean", "running_var"))]
-    report["params"] = np.concatenate(trained).tolist()
+    # BatchNorm's running statistics follow each rank's own batches; the rest must agree
+    # across ranks, in both nets: which net's ranks part says where a difference began.
+    for bucketed, key in ((True, "params"), (False, "plain_params")):
+        trained = [a.ravel() for name, a in zip(names, finals[bucketed])
+                   if not name.endswith(("running_mean", "running_var"))]
+        report[key] = np.concatenate(trained).tolist()
     return report
 
 
