@@ -44,27 +44,59 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
         assert_same_params(contig[0], one[0], tol=1e-5)
 
 
-@pytest.mark.parametrize("option", ["", "--no-hybridize", "--fp16-allreduce"])
-def test_gradient_buckets_leave_the_result_unchanged(option, tmp_path):
+BUCKET_OPTIONS = {"static": [], "imperative-fp16": ["--no-hybridize", "--fp16-allreduce"]}
+
+
+@pytest.fixture(scope="module")
+def bucket_runs(tmp_path_factory):
+    """{option: {cap: (rank 0's results, each rank's parameters)}} and rank 0's timeline of
+    the static run with many small buckets: five short jobs serving the two tests below."""
+    root = tmp_path_factory.mktemp("buckets")
+    timeline = root / "timeline.json"
+    runs = {}
+    for option, extra in BUCKET_OPTIONS.items():
+        runs[option] = {}
+        for cap in ("0", "0.002", "25") if option == "static" else ("0", "0.002"):
+            folder = root / f"{option}-{cap}"
+            folder.mkdir()
+            watch = ["--horovod-timeline", str(timeline)] \
+                if (option, cap) == ("static", "0.002") else []
+            results, params, _ = run_ranks(
+                launcher("horovodrun"), folder,
+                DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn",
+                          "--grad-bucket-mb", cap] + extra + watch)
+            runs[option][cap] = results[0], params
+    return runs, timeline
+
+
+@pytest.mark.parametrize("option", list(BUCKET_OPTIONS))
+def test_gradient_buckets_leave_the_result_unchanged(option, bucket_runs):
     """Zero-copy buckets (gradients as views into one flat buffer per bucket, one in-place
-    allreduce each) against the Trainer's own one-call-per-parameter exchange, with static
-    graphs, imperatively, and with float16 on the wire (cast per bucket vs per key)."""
-    flags = DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn"] \
-        + ([option] if option else [])
-    params_by_cap, buckets_by_cap = {}, {}
-    for cap in ("0", "0.002", "25") if not option else ("0", "0.002"):
-        (tmp_path / cap).mkdir()
-        results, params, _ = run_ranks(launcher("horovodrun"), tmp_path / cap,
-                                       flags + ["--grad-bucket-mb", cap])
+    allreduce each) against the Trainer's own one-call-per-parameter exchange: with static
+    graphs, and imperatively with float16 on the wire (cast per bucket vs per key). Gluon's
+    contract in each graph mode, case by case, is tests/dist/test_buckets.py's."""
+    runs = bucket_runs[0][option]
+    for cap, (_, params) in runs.items():
         # A bucket left out of the exchange would let the two shards' replicas drift apart.
         assert_same_params(params[0], params[1])
-        params_by_cap[cap], buckets_by_cap[cap] = params[0], results[0]["grad_buckets"]
-    assert buckets_by_cap["0"] == 0  # the Trainer's own exchange, one call per parameter
-    assert buckets_by_cap["0.002"] > 1
-    if "25" in buckets_by_cap:
-        assert buckets_by_cap["25"] == 1
-        assert_same_params(params_by_cap["25"], params_by_cap["0"], tol=1e-6)
-    assert_same_params(params_by_cap["0.002"], params_by_cap["0"], tol=1e-6)
+    buckets = {cap: results["grad_buckets"] for cap, (results, _) in runs.items()}
+    assert buckets["0"] == 0  # the Trainer's own exchange, one call per parameter
+    assert buckets["0.002"] > 1
+    if "25" in buckets:
+        assert buckets["25"] == 1
+        assert_same_params(runs["25"][1][0], runs["0"][1][0], tol=1e-6)
+    assert_same_params(runs["0.002"][1][0], runs["0"][1][0], tol=1e-6)
+
+
+def test_timeline_shows_buckets_reduced_in_place(bucket_runs):
+    """--horovod-timeline FILE: rank 0 writes Horovod's Chrome trace. It names our
+    collectives, and shows what zero-copy buckets promise: no bucket is ever copied into
+    Horovod's fusion buffer (many small buckets, all ready within one cycle, would be)."""
+    phases = timeline_phases(bucket_runs[1])
+    buckets = {row: seen for row, seen in phases.items() if "allreduce.bucket." in row}
+    assert len(buckets) > 1 and any("broadcast." in row for row in phases), sorted(phases)
+    for row, seen in buckets.items():
+        assert "MPI_ALLREDUCE" in seen and "MEMCPY_IN_FUSION_BUFFER" not in seen, (row, seen)
 
 
 def test_uneven_cifar_files_do_not_hang_and_score_each_test_sample_once(tmp_path):
@@ -141,18 +173,3 @@ def numpy_test_correct(data_dir, arrays):
     hidden = np.maximum(x @ arrays["1.weight"].T.astype(np.float64) + arrays["1.bias"], 0)
     logits = hidden @ arrays["2.weight"].T.astype(np.float64) + arrays["2.bias"]
     return int((logits.argmax(axis=1) == labels).sum())
-
-
-def test_timeline_shows_buckets_reduced_in_place(tmp_path):
-    """--horovod-timeline FILE: rank 0 writes Horovod's Chrome trace. It names our
-    collectives, and shows what zero-copy buckets promise: no bucket is ever copied into
-    Horovod's fusion buffer (many small buckets, all ready within one cycle, would be)."""
-    timeline = tmp_path / "timeline.json"
-    run_ranks(launcher("horovodrun"), tmp_path,
-              DIGITS + ["--max-steps", "3", "--model", "simple_cnn", "--grad-bucket-mb", "0.002",
-                        "--horovod-timeline", str(timeline)])
-    phases = timeline_phases(timeline)
-    buckets = {row: seen for row, seen in phases.items() if "allreduce.bucket." in row}
-    assert len(buckets) > 1 and any("broadcast." in row for row in phases), sorted(phases)
-    for row, seen in buckets.items():
-        assert "MPI_ALLREDUCE" in seen and "MEMCPY_IN_FUSION_BUFFER" not in seen, (row, seen)

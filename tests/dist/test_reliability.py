@@ -21,30 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLAGS = DIGITS + ["--model", "simple_cnn", "--lr", "0.05", "--batch-size", "32"]
 
 
-@pytest.mark.parametrize("model", ["simple_cnn", "bn_cnn"])
-def test_resume_matches_an_uninterrupted_run(model, tmp_path):
-    # bn_cnn: its BatchNorm running statistics are in the checkpoint, averaged over ranks.
-    flags = FLAGS + ["--model", model]
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    straight.mkdir()
-    stopped.mkdir()
-    _, full, _ = run_ranks(launcher("horovodrun-gloo"), straight,
-                           flags + ["--epochs", "3", "--output-dir", str(straight)])
-    run_ranks(launcher("horovodrun-gloo"), stopped,
-              flags + ["--epochs", "1", "--output-dir", str(stopped)])
-    results, resumed, out = run_ranks(
-        launcher("horovodrun-gloo"), stopped,
-        flags + ["--epochs", "3", "--output-dir", str(stopped), "--resume", "auto"])
-    assert "resumed from" in out and "epoch 1, step 23" in out
-    assert results[0]["steps"] == 3 * 23
-    for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], tol=1e-6)
-    assert_same_params(resumed[0], resumed[1], tol=1e-6)
-    # Both runs appended to one metrics file: epochs 0 and then 1, 2.
-    records = [json.loads(l) for l in (stopped / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
-    assert sorted(os.listdir(stopped / "checkpoints")) == ["epoch-0001", "epoch-0002",
-                                                           "epoch-0003", "latest"]
+# A resume from an epoch's end matching an uninterrupted run, BatchNorm included:
+# tests/dist/test_resume.py::test_resume_from_an_epoch_end_matches_an_uninterrupted_run.
 
 
 def test_resume_from_two_ranks_to_one(tmp_path):

@@ -11,62 +11,83 @@ from jobs import DIGITS, JOB_TIMEOUT, assert_same_params, launcher, run_ranks
 pytestmark = pytest.mark.dist
 # 1437 training digits over 2 ranks x batch 64: 12 steps per epoch.
 FLAGS = DIGITS + ["--lr", "0.05", "--batch-size", "64"]
+# One configuration carries everything a resume must restore, so one uninterrupted run
+# serves as the reference of both resume tests below: bn_cnn's BatchNorm running statistics
+# (averaged over ranks before each save), a warm-up over the first 6 steps and a decay by
+# 0.2 at epoch 2 (the learning rate continues from its position).
+RESUMABLE = FLAGS + ["--model", "bn_cnn", "--warmup-epochs", "0.5", "--lr-decay-epochs", "2",
+                     "--lr-decay-factor", "0.2"]
+THREE_EPOCHS = ["--epochs", "3"]
+HVD = launcher("horovodrun-gloo")
 
 
-def _stop_and_resume(tmp_path, flags, stop_at, epochs):
-    """(straight, resumed) per-rank parameters and the resumed run's results."""
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    straight.mkdir()
-    stopped.mkdir()
-    hvd = launcher("horovodrun-gloo")
-    _, full, _ = run_ranks(hvd, straight, flags + ["--epochs", str(epochs),
-                                                   "--output-dir", str(straight)])
-    run_ranks(hvd, stopped, flags + ["--epochs", str(epochs), "--max-steps", str(stop_at),
-                                     "--output-dir", str(stopped)])
-    results, resumed, out = run_ranks(hvd, stopped, flags + [
-        "--epochs", str(epochs), "--output-dir", str(stopped), "--resume", "auto"])
-    return full, resumed, results, out
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Each rank's parameters after an uninterrupted three-epoch run of RESUMABLE."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    _, params, _ = run_ranks(HVD, folder,
+                             RESUMABLE + THREE_EPOCHS + ["--output-dir", str(folder)])
+    return params
 
 
-def test_mid_epoch_stop_resumes_exactly(tmp_path):
-    full, resumed, results, out = _stop_and_resume(
-        tmp_path, FLAGS + ["--model", "simple_cnn"], stop_at=5, epochs=2)
+def test_mid_epoch_stop_resumes_exactly(uninterrupted, tmp_path):
+    """Stopped at step 17 (inside epoch 2, after the warm-up, before the decay), resumed:
+    the same parameters as the run that never stopped, BatchNorm statistics included.
+    (This one job replaced three: a plain stop and resume, one across warm-up and decay,
+    and one with bn_cnn.)"""
+    run_ranks(HVD, tmp_path, RESUMABLE + THREE_EPOCHS + ["--max-steps", "17",
+                                                         "--output-dir", str(tmp_path)])
+    results, resumed, out = run_ranks(HVD, tmp_path, RESUMABLE + THREE_EPOCHS + [
+        "--output-dir", str(tmp_path), "--resume", "auto"])
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], tol=1e-5)
-    assert results[0]["steps"] == 2 * 12
-    assert "640 samples into epoch 1" in out, out[-3000:]  # 5 steps x global batch 128
-    stopped = tmp_path / "stopped"
-    meta = json.loads((stopped / "checkpoints" / "epoch-0000-step-0000005" /
+        # Per unit of magnitude: running_var reaches ~100 here (see assert_arrays_close).
+        assert_same_params(uninterrupted[rank], resumed[rank], tol=1e-5)
+    assert results[0]["steps"] == 3 * 12
+    # 5 steps x global batch 128 into epoch 2.
+    assert "epoch 1, step 17, 640 samples into epoch 2" in out, out[-3000:]
+    meta = json.loads((tmp_path / "checkpoints" / "epoch-0001-step-0000017" /
                        "meta.json").read_text())
-    assert (meta["epoch"], meta["step"], meta["epoch_samples"]) == (0, 5, 640)
-    events = [json.loads(l)["event"] for l in (stopped / "metrics.jsonl").read_text()
-              .splitlines()]
-    # The stop is not an epoch: epoch 0 is recorded once, by the run that finished it.
-    assert events == ["start", "stop", "end", "start", "epoch", "epoch", "end"]
+    assert (meta["epoch"], meta["step"], meta["epoch_samples"]) == (1, 17, 640)
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # The stop is not an epoch: epoch 1 is recorded once, by the run that finished it.
+    assert [r["event"] for r in records] == ["start", "epoch", "stop", "end",
+                                             "start", "epoch", "epoch", "end"]
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
 
 
-def test_mid_epoch_resume_across_warmup_and_decay(tmp_path):
-    """Warm-up over the first 6 steps, stop inside epoch 2 (step 17), decay at epoch 3 in
-    the resumed leg: the learning rate continues from its position."""
-    flags = FLAGS + ["--model", "simple_cnn", "--warmup-epochs", "0.5",
-                     "--lr-decay-epochs", "2", "--lr-decay-factor", "0.2"]
-    full, resumed, _, out = _stop_and_resume(tmp_path, flags, stop_at=17, epochs=3)
+def test_resume_from_an_epoch_end_matches_an_uninterrupted_run(uninterrupted, tmp_path):
+    """One epoch, then a resume to three: the same parameters on both ranks as the run that
+    never stopped. (It replaced test_reliability.py's test_resume_matches_an_uninterrupted_run,
+    which ran simple_cnn and bn_cnn each with a reference of its own.)"""
+    run_ranks(HVD, tmp_path, RESUMABLE + ["--epochs", "1", "--output-dir", str(tmp_path)])
+    results, resumed, out = run_ranks(HVD, tmp_path, RESUMABLE + THREE_EPOCHS + [
+        "--output-dir", str(tmp_path), "--resume", "auto"])
+    assert "resumed from" in out and "epoch 1, step 12" in out, out[-3000:]
+    assert results[0]["steps"] == 3 * 12
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], tol=1e-5)
-    assert "epoch 1, step 17" in out, out[-3000:]
+        assert_same_params(uninterrupted[rank], resumed[rank], tol=1e-6)
+    assert_same_params(resumed[0], resumed[1], tol=1e-6)
+    # Both runs appended to one metrics file: epochs 0 and then 1, 2.
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-0001", "epoch-0002",
+                                                           "epoch-0003", "latest"]
 
 
 # resnet18_v1 (the default model) trains three runs of a ResNet-18 on the CPU: minutes.
-@pytest.mark.parametrize("model", ["bn_cnn", pytest.param("resnet18_v1",
-                                                         marks=pytest.mark.slow)])
-def test_mid_epoch_resume_with_batchnorm(model, tmp_path):
-    """BatchNorm: the running statistics, averaged over ranks before the save, must match
-    too (averaging commutes with their moving-average update, so a mid-epoch save that
-    averages early changes nothing). resnet18_v1 is the default model."""
-    full, resumed, _, _ = _stop_and_resume(tmp_path, FLAGS + ["--model", model],
-                                           stop_at=5, epochs=2)
+@pytest.mark.slow
+def test_mid_epoch_resume_of_the_default_model(tmp_path):
+    """resnet18_v1, hvdtrain's default model: stopped at step 5 and resumed, it ends where
+    an uninterrupted run ends."""
+    flags = FLAGS + ["--model", "resnet18_v1", "--epochs", "2"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    straight.mkdir()
+    stopped.mkdir()
+    _, full, _ = run_ranks(HVD, straight, flags + ["--output-dir", str(straight)])
+    run_ranks(HVD, stopped, flags + ["--max-steps", "5", "--output-dir", str(stopped)])
+    _, resumed, _ = run_ranks(HVD, stopped, flags + ["--output-dir", str(stopped),
+                                                     "--resume", "auto"])
     for rank in (0, 1):
-        # Per unit of magnitude: running_var reaches ~100 here (see assert_arrays_close).
         assert_same_params(full[rank], resumed[rank], tol=1e-5)
 
 
