@@ -36,11 +36,17 @@ def test_custom_model_learns_its_own_data():
     assert accuracy > 0.75, proc.stdout[-2000:]  # two classes: chance is 0.5
 
 
-def test_parameter_server_script():
-    proc = run_command([os.path.join(EXAMPLES, "parameter_server.sh"), "--epochs", "1"],
-                       timeout=JOB_TIMEOUT)
+def test_parameter_server_script(tmp_path):
+    """The script as docs/training.md runs it (with --output-dir); it is also the job of
+    docs/parameter-server.md's first line (test_readme_commands.RUN_ELSEWHERE)."""
+    proc = run_command([os.path.join(EXAMPLES, "parameter_server.sh"), "--epochs", "1",
+                        "--output-dir", str(tmp_path / "ps")], timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "store: dist_sync" in proc.stdout and "run summary" in proc.stdout
+    records = [json.loads(l) for l in (tmp_path / "ps" / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["event"] for r in records] == ["start", "epoch", "end"]
+    assert records[1]["num_workers"] == 2
 
 
 def test_cifar10_example_names_missing_data_in_one_line(tmp_path):

@@ -282,6 +282,11 @@ REPEATS = repeats(COMMANDS)
 RUN_ELSEWHERE = {
     "hvdtrain --dataset digits --no-cuda":
         "tests/unit/test_cli.py::test_single_worker_without_launcher",
+    # The script execs this line with more flags.
+    "hvdtrain-launch -n 2 -s 2 hvdtrain --kvstore dist_sync --dataset digits --no-cuda":
+        "tests/dist/test_examples.py::test_parameter_server_script",
+    "examples/parameter_server.sh --output-dir runs/ps":
+        "tests/dist/test_examples.py::test_parameter_server_script",
     "horovodrun -np 2 -H localhost:2 python examples/cifar10_resnet18.py --data-dir "
     "~/data/cifar-10-batches-bin --epochs 5":
         "tests/dist/test_examples.py::test_cifar10_resnet18",
@@ -370,6 +375,8 @@ def test_documented_command(command, workspace, request):
         ensure_metrics(localize(argv, workspace))
     elif first == "mpirun":
         check_program(argv[program_start(argv):])
+    elif first == "examples/":
+        assert subprocess.run(["bash", "-n", os.path.join(REPO, argv[0])]).returncode == 0
     elif first == "hvdtrain-pack" and not os.path.exists(localize(argv, workspace)[1]):
         from hvdtrain.data.sample_images import write_digit_images  # the line before it
         write_digit_images(localize(argv, workspace)[1], per_class=20)
