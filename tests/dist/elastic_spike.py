@@ -105,8 +105,10 @@ def run(args, folder):
         thread.join(timeout=10)
         wall = time.time() - start
         stopped = time.time()
-        time.sleep(5)
         alive = _alive(events)  # workers left 5 s after horovodrun itself ended
+        while alive and time.time() < stopped + 5:
+            time.sleep(0.2)
+            alive = _alive(events)
         _end_leftovers(events)
     with open(os.path.join(folder, "horovodrun.log"), "w") as out:
         out.writelines(raw)
