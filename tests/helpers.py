@@ -140,14 +140,16 @@ def assert_arrays_close(a, b, tol=0.0, what=""):
                              f"than {tol:g} per unit; worst {x[worst]!r} vs {y[worst]!r}")
 
 
-def main_in_process(argv, capfd):
-    """Run ``hvdtrain``'s ``cli.main(argv)`` in this process; return (exit status, the
-    non-empty lines written to stdout and stderr, at the file-descriptor level).
+def main_in_process(argv, capfd, main=None):
+    """Run ``hvdtrain``'s ``cli.main(argv)`` (or another program's `main`, e.g.
+    ``hvdtrain.report.plot.main``) in this process; return (exit status, the non-empty
+    lines written to stdout and stderr, at the file-descriptor level).
 
     A refusal needs no new interpreter: this saves the seconds an ``hvdtrain`` process
     spends importing MXNet. Tests that the *whole process* prints one line (nothing from
     the interpreter's exit, no library warnings) keep a few real processes."""
-    from hvdtrain.cli import main
+    if main is None:
+        from hvdtrain.cli import main
     capfd.readouterr()
     try:
         code = main(list(argv))

@@ -46,10 +46,11 @@ def test_a_refusal_is_one_line_from_the_whole_process(flags, needle):
     assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0]
 
 
-def test_help_states_the_lr_semantics_and_examples():
-    proc = run_command([tool("hvdtrain"), "--help"], timeout=60)
-    assert proc.returncode == 0
-    text = " ".join(proc.stdout.split())
+def test_help_states_the_lr_semantics_and_examples(capfd):
+    # In this process (cli.main): the help needs no new interpreter.
+    code, lines = main_in_process(["--help"], capfd)
+    assert code == 0, lines
+    text = " ".join(" ".join(lines).split())
     assert "learning rate for the GLOBAL batch" in text
     assert "horovodrun -np 8 -H d1:4,d2:4 hvdtrain" in text
 

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from helpers import bad_copy, run_command, tool
+from helpers import bad_copy, main_in_process, run_command, tool
 from hvdtrain.data import images
 from hvdtrain.data.sampler import SplitSampler
 from hvdtrain.data.streamed import ImageLoader, load_images
@@ -126,7 +126,9 @@ def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images,
     ("imagefolder", "missing dir", "nowhere does not exist"),
 ])
 def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, breakage,
-                                               needle):
+                                               needle, capfd):
+    """In this process (cli.main), but for "no idx": a real `hvdtrain` process, which
+    shows that the whole process prints that one line and nothing else."""
     folder, pack = digit_images
     root = str(tmp_path / "data")
     shutil.copytree(pack if kind == "recordio" else folder, root)
@@ -143,10 +145,14 @@ def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, bre
         shutil.rmtree(os.path.join(root, "val"))
     elif breakage == "missing dir":
         root = str(tmp_path / "nowhere")
-    proc = run_command([tool("hvdtrain"), "--dataset", kind, "--data-dir", root, "--no-cuda",
-                        "--kvstore", "none", "--epochs", "1"], timeout=120)
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stdout
+    argv = ["--dataset", kind, "--data-dir", root, "--no-cuda", "--kvstore", "none",
+            "--epochs", "1"]
+    if breakage == "no idx":
+        proc = run_command([tool("hvdtrain"), *argv], timeout=120)
+        code, lines = proc.returncode, [l for l in proc.stdout.splitlines() if l.strip()]
+    else:
+        code, lines = main_in_process(argv, capfd)
+    assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("hvdtrain: error: ") and needle in lines[0], lines[0]
 
 

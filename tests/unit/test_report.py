@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from helpers import run_command, tool
-from hvdtrain.report.plot import load_runs, plot
+from helpers import main_in_process, run_command, tool
+from hvdtrain.report.plot import load_runs, main as plot_main, plot
 from hvdtrain.report.progress import summary_lines
 
 QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--epochs", "1",
@@ -99,12 +99,15 @@ def test_resumed_run_continues_its_curve(tmp_path):
     plot(load_runs(str(metrics)), str(tmp_path / "one.png"))
 
 
-def test_plot_bad_input(tmp_path):
+def test_plot_bad_input(tmp_path, capfd, monkeypatch):
+    """In this process (plot's main): test_plot_refusal_is_one_line_from_the_whole_process
+    runs a real one."""
+    monkeypatch.chdir(tmp_path)  # where the default curves.png would go
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     for path, needle in ((bad, "not a metrics.jsonl"), (tmp_path / "none", "cannot read")):
-        proc = run_command([tool("hvdtrain-plot"), str(path)], timeout=60)
-        assert proc.returncode == 2 and needle in proc.stdout
+        code, lines = main_in_process([str(path)], capfd, main=plot_main)
+        assert code == 2 and any(needle in l for l in lines), lines
 
 
 GOOD_EPOCH = {"event": "epoch", "epoch": 0, "train_loss": 1.0, "test_acc": 0.5,
@@ -125,14 +128,29 @@ GOOD_EPOCH = {"event": "epoch", "epoch": 0, "train_loss": 1.0, "test_acc": 0.5,
     (json.dumps(GOOD_EPOCH) + "\n", ["--dpi", "0"], "--dpi must be in [1, 1000], got 0"),
     (json.dumps(GOOD_EPOCH) + "\n", ["--dpi", "-5"], "--dpi must be in [1, 1000]"),
 ])
-def test_plot_bad_input_is_one_line(tmp_path, content, extra, needle):
+def test_plot_bad_input_is_one_line(tmp_path, content, extra, needle, capfd,
+                                    monkeypatch):
+    """In this process (plot's main), in `tmp_path` as the real one ran: what a whole
+    process adds around the line is test_plot_refusal_is_one_line_from_the_whole_process's."""
+    monkeypatch.chdir(tmp_path)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(content)
-    proc = run_command([tool("hvdtrain-plot"), str(metrics), *extra], timeout=120,
-                       cwd=str(tmp_path))
+    code, lines = main_in_process([str(metrics), *extra], capfd, main=plot_main)
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("hvdtrain-plot: error: ") and needle in lines[0], lines
+    assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]
+
+
+def test_plot_refusal_is_one_line_from_the_whole_process(tmp_path):
+    """A real hvdtrain-plot process: its one line and nothing else (no warning from a
+    library, no traceback at exit)."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps(dict(GOOD_EPOCH, epoch="one")) + "\n")
+    proc = run_command([tool("hvdtrain-plot"), str(metrics)], timeout=120, cwd=str(tmp_path))
     lines = [l for l in proc.stdout.splitlines() if l.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-2000:]
-    assert lines[0].startswith("hvdtrain-plot: error: ") and needle in lines[0], lines
+    assert lines[0].startswith("hvdtrain-plot: error: ") and \
+        "needs a number in 'epoch', got \"one\"" in lines[0], lines
     assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]
 
 
@@ -201,9 +219,11 @@ def test_every_flag_says_what_it_means():
         assert "``" not in parser.format_help()
 
 
-def test_help_groups_flags_and_ends_with_examples():
-    proc = run_command([tool("hvdtrain"), "--help"], timeout=60)
-    text = proc.stdout
+def test_help_groups_flags_and_ends_with_examples(capfd):
+    # In this process (cli.main): the help needs no new interpreter.
+    code, lines = main_in_process(["--help"], capfd)
+    assert code == 0, lines
+    text = "\n".join(lines)
     positions = [text.index(f"\n{group}:\n") for group in
                  ("data", "model", "optimisation", "distribution", "output")]
     assert positions == sorted(positions)

@@ -2,6 +2,11 @@
 
 Every refusal is one line with exit status 2 and leaves the output folder byte-identical.
 One process, no store (``--kvstore none``): a digits epoch takes well under a second.
+
+Refusals run in this process (``cli.main``): a new one would spend seconds importing MXNet
+to refuse. test_resume_with_other_model_dataset_and_optimizer_is_refused and the second run
+of test_two_runs_at_once_the_second_is_refused_and_the_first_finishes are real processes:
+they check that the whole process prints that one line and nothing else.
 """
 import fcntl
 import json
@@ -13,10 +18,11 @@ import time
 
 import pytest
 
-from helpers import folder_digest, run_command, tool
+from helpers import folder_digest, main_in_process, run_command, tool
 from hvdtrain.state.checkpoint_files import CheckpointError
 from hvdtrain.cli import parse_config
 from hvdtrain.job import train
+from hvdtrain.report.plot import main as plot_main
 
 QUICK = ["--dataset", "digits", "--no-cuda", "--kvstore", "none", "--log-interval", "0"]
 
@@ -25,9 +31,19 @@ def hvdtrain(*flags):
     return run_command([tool("hvdtrain"), *QUICK, *flags], timeout=180)
 
 
-def assert_refused(proc, *needles):
-    lines = [l for l in proc.stdout.splitlines() if l.strip()]
-    assert proc.returncode == 2 and len(lines) == 1, proc.stdout[-3000:]
+def in_process(capfd, *flags):
+    """`hvdtrain` with these flags run by ``cli.main`` here: (exit status, its lines)."""
+    return main_in_process([*QUICK, *flags], capfd)
+
+
+def outcome(proc):
+    """A finished process's (exit status, non-empty lines), as :func:`in_process` gives."""
+    return proc.returncode, [l for l in proc.stdout.splitlines() if l.strip()]
+
+
+def assert_refused(result, *needles):
+    code, lines = result
+    assert code == 2 and len(lines) == 1, lines[-40:]
     for needle in needles:
         assert needle in lines[0], lines[0]
 
@@ -36,7 +52,7 @@ def test_resume_with_other_model_dataset_and_optimizer_is_refused(run_copy):
     before = folder_digest(run_copy)
     proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto",
                     "--dataset", "synthetic", "--model", "mlp", "--optimizer", "adam")
-    assert_refused(proc, "--model mlp (checkpoint: simple_cnn)",
+    assert_refused(outcome(proc), "--model mlp (checkpoint: simple_cnn)",
                    "--dataset synthetic (checkpoint: digits)",
                    "--optimizer adam (checkpoint: sgd)")
     assert folder_digest(run_copy) == before
@@ -68,24 +84,12 @@ def test_changed_flags_take_effect_in_the_loaded_optimizer(run_copy, capsys):
     assert run.result["steps"] == 2 * 23 + 45
 
 
-def test_fresh_run_into_a_folder_with_checkpoints_is_refused(run_copy):
+def test_fresh_run_into_a_folder_with_checkpoints_is_refused(run_copy, capfd):
     before = folder_digest(run_copy)
-    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
-    assert_refused(proc, "already holds checkpoints", "epoch-0002", "--resume auto",
+    result = in_process(capfd, "--epochs", "3", "--output-dir", str(run_copy))
+    assert_refused(result, "already holds checkpoints", "epoch-0002", "--resume auto",
                    "another --output-dir")
     assert folder_digest(run_copy) == before
-
-
-def test_a_second_run_into_a_folder_in_use_is_refused(run_copy):
-    before = folder_digest(run_copy)
-    with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
-        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
-    assert_refused(proc, "is in use by another run")
-    assert folder_digest(run_copy) == before
-    # Released: the same command now runs.
-    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
-    assert proc.returncode == 0, proc.stdout[-3000:]
 
 
 def _edit_meta(path, **changes):
@@ -100,36 +104,35 @@ def _edit_meta(path, **changes):
     (dict(epoch=100), "do not match the folder name"),
     (dict(has_states="yes"), "has_states is 'yes'"),
 ])
-def test_invalid_metadata_is_refused(run_copy, changes, needle):
+def test_invalid_metadata_is_refused(run_copy, changes, needle, capfd):
     only = run_copy / "checkpoints" / "epoch-0002"
     shutil.rmtree(run_copy / "checkpoints" / "epoch-0001")
     _edit_meta(only, **changes)
     before = folder_digest(run_copy)
     for resume in ("auto", str(only)):
-        proc = hvdtrain("--epochs", "6", "--output-dir", str(run_copy), "--resume", resume)
-        assert_refused(proc, needle, *(["no usable checkpoint"] if resume == "auto" else []))
+        result = in_process(capfd, "--epochs", "6", "--output-dir", str(run_copy),
+                            "--resume", resume)
+        assert_refused(result, needle, *(["no usable checkpoint"] if resume == "auto" else []))
         assert folder_digest(run_copy) == before
 
 
-def test_checkpoint_past_epochs_is_refused(run_copy):
-    proc = hvdtrain("--epochs", "1", "--output-dir", str(run_copy), "--resume", "auto")
-    assert_refused(proc, "past --epochs 1", "2 epochs")
+def test_checkpoint_past_epochs_is_refused(run_copy, capfd):
+    before = folder_digest(run_copy)
+    result = in_process(capfd, "--epochs", "1", "--output-dir", str(run_copy),
+                        "--resume", "auto")
+    assert_refused(result, "past --epochs 1", "2 epochs")
+    assert folder_digest(run_copy) == before
 
 
-def test_a_checkpoint_already_at_max_steps_says_nothing_is_left(run_copy):
+def test_a_checkpoint_already_at_max_steps_says_nothing_is_left(run_copy, capfd):
     """The newest checkpoint (epoch 2) is at step 46: --max-steps 40 leaves nothing to
-    train, and the run says so instead of only "no epoch completed"."""
-    proc = hvdtrain("--epochs", "3", "--max-steps", "40", "--output-dir", str(run_copy),
-                    "--resume", "auto")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "is already at step 46, --max-steps 40: nothing is left to train" in proc.stdout
-
-
-def test_has_states_false_warns(run_copy):
-    _edit_meta(run_copy / "checkpoints" / "epoch-0002", has_states=False)
-    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "holds no optimizer state (has_states is false)" in proc.stdout
+    train, and the run says so instead of only "no epoch completed". (In this process: it
+    trains nothing.)"""
+    code, lines = in_process(capfd, "--epochs", "3", "--max-steps", "40", "--output-dir",
+                             str(run_copy), "--resume", "auto")
+    assert code == 0, lines[-40:]
+    assert any("is already at step 46, --max-steps 40: nothing is left to train" in l
+               for l in lines), lines[-40:]
 
 
 def test_resume_auto_falls_back_past_a_corrupt_newest(run_copy):
@@ -142,32 +145,51 @@ def test_resume_auto_falls_back_past_a_corrupt_newest(run_copy):
     assert "resumed from" in proc.stdout and "epoch-0001: epoch 1, step 23" in proc.stdout
 
 
-def test_leftovers_of_an_interrupted_prune_are_cleared_at_start(run_copy):
+def test_a_damaged_folder_refused_while_in_use_then_resumed_once_free(run_copy, capfd):
+    """One resume of a copy with four things wrong, each checked as its own test did:
+
+    - in use by another run: refused, the folder untouched (was
+      test_a_second_run_into_a_folder_in_use_is_refused; it runs once the lock is free);
+    - the newest checkpoint's has_states is false: a warning (was test_has_states_false_warns);
+    - what a kill -9 left while pruning and saving: cleared at start (was
+      test_leftovers_of_an_interrupted_prune_are_cleared_at_start);
+    - metrics.jsonl's last line cut by a crash: the run starts a fresh line and
+      hvdtrain-plot skips the cut one (was test_metrics_with_a_cut_last_line_get_a_fresh_line).
+    """
+    _edit_meta(run_copy / "checkpoints" / "epoch-0002", has_states=False)
     half = run_copy / "checkpoints" / "epoch-0005"  # a kill -9 while pruning it
     half.mkdir()
     shutil.copy(run_copy / "checkpoints" / "epoch-0002" / "meta.json", half)
     tmp = run_copy / "checkpoints" / ".tmp-epoch-0003-999999"  # a kill -9 while saving
     tmp.mkdir()
-    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "removed what interrupted saves left" in proc.stdout
-    assert sorted(os.listdir(run_copy / "checkpoints")) == [
-        "epoch-0001", "epoch-0002", "epoch-0003", "latest"]
-
-
-def test_metrics_with_a_cut_last_line_get_a_fresh_line(run_copy):
     metrics = run_copy / "metrics.jsonl"
     with open(metrics, "a") as out:
         out.write('{"event": "epoch", "epo')  # a crash mid-write
-    proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+    command = ("--epochs", "3", "--output-dir", str(run_copy), "--resume", "auto")
+
+    before = folder_digest(run_copy)
+    with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # flock belongs to the open file: cli.main's own open of the lock, in this same
+        # process, finds it held.
+        result = in_process(capfd, *command)
+    assert_refused(result, "is in use by another run")
+    assert folder_digest(run_copy) == before
+
+    # Released: the same command now runs.
+    proc = hvdtrain(*command)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "holds no optimizer state (has_states is false)" in proc.stdout
+    assert "removed what interrupted saves left" in proc.stdout
+    assert sorted(os.listdir(run_copy / "checkpoints")) == [
+        "epoch-0001", "epoch-0002", "epoch-0003", "latest"]
     lines = metrics.read_text().splitlines()
     assert lines[-4] == '{"event": "epoch", "epo'
     assert [json.loads(l)["event"] for l in lines[-3:]] == ["start", "epoch", "end"]
-    plot = run_command([tool("hvdtrain-plot"), str(metrics), "-o",
-                        str(run_copy / "curves.png")], timeout=120)
-    assert plot.returncode == 0, plot.stdout
-    assert "skipped 1 damaged line(s)" in plot.stdout
+    code, lines = main_in_process([str(metrics), "-o", str(run_copy / "curves.png")], capfd,
+                                  main=plot_main)
+    assert code == 0, lines
+    assert any("skipped 1 damaged line(s)" in l for l in lines), lines
     assert (run_copy / "curves.png").exists()
 
 
@@ -188,7 +210,8 @@ def test_two_runs_at_once_the_second_is_refused_and_the_first_finishes(tmp_path)
     try:
         second = hvdtrain("--epochs", "40", "--output-dir", str(out), "--resume", "auto")
         assert first.poll() is None, "the first run ended before the second started"
-        assert_refused(second, "is in use by another run", f"pid {first.pid} on")
+        assert_refused(outcome(second), "is in use by another run",
+                       f"pid {first.pid} on")
         output, _ = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
@@ -207,35 +230,45 @@ def test_the_lock_goes_with_a_killed_run(tmp_path):
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if still held
 
 
-def test_contiguous_mid_epoch_resume_on_another_worker_count_is_refused(tmp_path):
+@pytest.fixture(scope="module")
+def stopped_contiguous(tmp_path_factory):
+    """A run with --sampling contiguous stopped by --max-steps 5 inside its first epoch
+    (made once: both tests below started with this same command)."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
+                    "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return out
+
+
+def test_contiguous_mid_epoch_resume_on_another_worker_count_is_refused(stopped_contiguous,
+                                                                        tmp_path, capfd):
     """Contiguous parts depend on the worker count, so the samples a stopped epoch still
     owes cannot be found with another one. (The checkpoint is made to say 2 workers.)"""
     out = tmp_path / "run"
-    proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
-                    "--output-dir", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    shutil.copytree(stopped_contiguous, out)
     _edit_meta(out / "checkpoints" / "epoch-0000-step-0000005", num_workers=2)
-    proc = hvdtrain("--epochs", "2", "--sampling", "contiguous", "--output-dir", str(out),
-                    "--resume", "auto")
-    assert_refused(proc, "stopped inside an epoch with --sampling contiguous on 2 workers")
+    before = folder_digest(out)
+    result = in_process(capfd, "--epochs", "2", "--sampling", "contiguous", "--output-dir",
+                        str(out), "--resume", "auto")
+    assert_refused(result, "stopped inside an epoch with --sampling contiguous on 2 workers")
+    assert folder_digest(out) == before
 
 
-def test_sampling_cannot_change_inside_a_stopped_epoch(tmp_path):
+def test_sampling_cannot_change_inside_a_stopped_epoch(stopped_contiguous, tmp_path, capfd):
     """The samples a stopped epoch already trained on depend on how it was split: another
     --sampling would repeat some and skip others (the run would say nothing)."""
     out = tmp_path / "run"
-    proc = hvdtrain("--epochs", "2", "--max-steps", "5", "--sampling", "contiguous",
-                    "--output-dir", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    shutil.copytree(stopped_contiguous, out)
     before = folder_digest(out)
-    proc = hvdtrain("--epochs", "2", "--sampling", "strided", "--output-dir", str(out),
-                    "--resume", "auto")
-    assert_refused(proc, "stopped inside an epoch with --sampling contiguous",
+    result = in_process(capfd, "--epochs", "2", "--sampling", "strided", "--output-dir",
+                        str(out), "--resume", "auto")
+    assert_refused(result, "stopped inside an epoch with --sampling contiguous",
                    "change it at an epoch boundary")
     assert folder_digest(out) == before
 
 
-def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy):
+def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy, capfd):
     """Not "continue it with --resume auto": that would be refused as well."""
     with open(run_copy / ".hvdtrain.lock", "a+") as held:  # the first run's lock
         fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -244,6 +277,6 @@ def test_a_fresh_run_into_a_folder_in_use_names_the_run_using_it(run_copy):
         held.write("pid 4242 on elsewhere\n")
         held.flush()
         before = folder_digest(run_copy)
-        proc = hvdtrain("--epochs", "3", "--output-dir", str(run_copy))
+        result = in_process(capfd, "--epochs", "3", "--output-dir", str(run_copy))
         assert folder_digest(run_copy) == before
-    assert_refused(proc, "is in use by another run (pid 4242 on elsewhere)")
+    assert_refused(result, "is in use by another run (pid 4242 on elsewhere)")
