@@ -1,8 +1,9 @@
 """MXNet's KVStore contract, exercised on one store: run under a launcher (horovod) or as
 one process (MXNet's local and device stores).
 
-Usage: python store_contract.py STORE OUT_DIR
-Writes OUT_DIR/store<R>.json: for each case, what this rank saw; test_store_contract.py holds
+Usage: python store_contract.py STORE[,STORE...] OUT_DIR
+Writes OUT_DIR/<STORE>.store<R>.json for each STORE, run one after the other (MXNet's stores
+share one process that way): for each case, what this rank saw; test_store_contract.py holds
 what it must see. Each rank contributes values built from its rank, so every sum is known.
 Keys are used once per store for broadcast (MXNet's stores initialise a key with it) and
 then reduced; int and str keys each get a store of their own (MXNet's stores refuse to mix).
@@ -107,8 +108,7 @@ def horovod_extras(store, rank):
     return seen
 
 
-def main():
-    name, out_dir = sys.argv[1], sys.argv[2]
+def check_store(name, out_dir):
     int_store, str_store = mx.kv.create(name), mx.kv.create(name)
     rank = int_store.rank
     seen = {"rank": rank, "num_workers": int_store.num_workers, "type": int_store.type}
@@ -118,8 +118,14 @@ def main():
             seen[f"{kind}.{case}"] = result
     if name == "horovod":
         seen.update(horovod_extras(int_store, rank))
-    with open(os.path.join(out_dir, f"store{rank}.json"), "w") as dump:
+    with open(os.path.join(out_dir, f"{name}.store{rank}.json"), "w") as dump:
         json.dump(seen, dump)
+
+
+def main():
+    names, out_dir = sys.argv[1], sys.argv[2]
+    for name in names.split(","):
+        check_store(name, out_dir)
 
 
 if __name__ == "__main__":

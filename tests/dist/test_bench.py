@@ -1,6 +1,7 @@
 """The benchmark's workers run under horovodrun and report sane figures (not their speed:
 speed is judged by `make bench`, never by tests)."""
 import glob
+import importlib
 import json
 import os
 import signal
@@ -69,12 +70,49 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
 
 
 BENCH = os.path.join(REPO, "scripts", "bench.py")
+LINK = os.path.join(REPO, "scripts", "bench_link.py")
 
 
-@pytest.mark.parametrize("flags", [["--steps", "0"], ["--steps", "100000"], ["--rounds", "-1"],
-                                   ["--model", "mlp"], ["--json", "/proc/bench.json"],
-                                   ["--json", "/tmp"]],
-                         ids=["steps", "steps-huge", "rounds", "model", "json", "json-folder"])
+def _script(name):
+    """scripts/`name`.py imported as a module (its folder on sys.path for its own imports)."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def _refused_by_parse(script, path, flags, monkeypatch, capfd):
+    """`script`'s parse() on `flags` (as run from `path`) exits with status 2 and no traceback;
+    its last line of output."""
+    monkeypatch.setattr(sys, "argv", [path] + flags)
+    with pytest.raises(SystemExit) as stop:
+        script.parse()
+    out, err = capfd.readouterr()
+    assert stop.value.code == 2, out + err
+    assert "Traceback" not in out + err, out + err
+    return (out + err).strip().splitlines()[-1]
+
+
+# The flags parse() refuses, in this process (they were real processes in
+# test_bench_refuses_bad_input_before_measuring): bench.py's main() calls parse() before
+# anything else (the lock, the files, the runs), so nothing is measured or written.
+@pytest.mark.parametrize("flags,message", [
+    (["--steps", "0"], "argument --steps: must be a whole number from 1 to 1000, got '0'"),
+    (["--steps", "100000"], "argument --steps: must be a whole number from 1 to 1000"),
+    (["--rounds", "-1"], "argument --rounds: must be a whole number from 1 to 1000"),
+    (["--model", "mlp"], "argument --model: invalid choice: 'mlp'")],
+    ids=["steps", "steps-huge", "rounds", "model"])
+def test_bench_parse_refuses_bad_input(flags, message, monkeypatch, capfd):
+    last = _refused_by_parse(_script("bench"), BENCH, ["--quick"] + flags, monkeypatch, capfd)
+    assert last.startswith(f"bench.py: error: {message}"), last
+
+
+# What main() refuses after taking the machine's lock (an unwritable --json), as the real
+# process. The cases steps, steps-huge, rounds and model, refused by parse(), are
+# test_bench_parse_refuses_bad_input's.
+@pytest.mark.parametrize("flags", [["--json", "/proc/bench.json"], ["--json", "/tmp"]],
+                         ids=["json", "json-folder"])
 def test_bench_refuses_bad_input_before_measuring(flags, tmp_path):
     proc = run_command([sys.executable, BENCH, "--quick"] + flags, timeout=120,
                        env={"TMPDIR": str(tmp_path)})
@@ -85,17 +123,22 @@ def test_bench_refuses_bad_input_before_measuring(flags, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} <= {"hvdtrain-bench.lock"}
 
 
+# bench_link's parse() in this process; test_bench_link_refuses_bad_input_before_measuring runs
+# one refusal (rows) as the real process, before the machine's lock is taken.
 @pytest.mark.parametrize("flags", [["--delay", "garbage"], ["--model", "nosuch"],
-                                   ["--rows", "nosuch"], ["--rate", "fast"]],
-                         ids=["delay", "model", "rows", "rate"])
-def test_bench_link_refuses_bad_input_before_measuring(flags, tmp_path):
-    proc = run_command([sys.executable, os.path.join(REPO, "scripts", "bench_link.py")] + flags,
-                       timeout=60, env={"TMPDIR": str(tmp_path)})
+                                   ["--rate", "fast"]], ids=["delay", "model", "rate"])
+def test_bench_link_parse_refuses_bad_input(flags, monkeypatch, capfd):
+    last = _refused_by_parse(_script("bench_link"), LINK, flags, monkeypatch, capfd)
+    assert last.startswith(f"bench_link.py: error: argument {flags[0]}: "), last
+
+
+def test_bench_link_refuses_bad_input_before_measuring(tmp_path):
+    proc = run_command([sys.executable, LINK, "--rows", "nosuch"], timeout=60,
+                       env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 2, proc.stdout
-    assert proc.stdout.strip().splitlines()[-1].startswith("bench_link.py: error: argument"
-                                                           if flags[0] != "--rows" else
-                                                           "bench_link.py: error: --rows"), \
-        proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("bench_link.py: error: --rows: "
+                                                           "unknown ['nosuch']"), proc.stdout
+    assert "Traceback" not in proc.stdout, proc.stdout
     assert not list(tmp_path.iterdir())  # not even the machine's bench lock
 
 
@@ -127,7 +170,7 @@ def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_pat
     """A signal to the bench's own pid (sent twice) stops every run it started (horovodrun,
     mpirun and the ranks run in sessions of their own), removes its temporary folder and
     leaves the JSON it had written; a second bench on the machine meanwhile is refused
-    without touching that file."""
+    without touching that file (started in the TERM case only)."""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "out" / "bench.json"
@@ -138,13 +181,14 @@ def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_pat
     try:
         _wait_for(lambda: any("bench_worker" in a for a in _processes_mentioning(str(temp))),
                   120, "the bench's first run")
-        written = out.read_bytes()
-        # The same file: a refused bench must not replace the running one's figures.
-        second = run_command([sys.executable, BENCH, "--quick", "--json", str(out)],
-                             timeout=120, env={"TMPDIR": str(temp)})
-        assert second.returncode == 1 and "another bench is running" in second.stdout, \
-            second.stdout
-        assert out.read_bytes() == written
+        if signum == signal.SIGTERM:  # the refusal does not depend on the signal sent later
+            written = out.read_bytes()
+            # The same file: a refused bench must not replace the running one's figures.
+            second = run_command([sys.executable, BENCH, "--quick", "--json", str(out)],
+                                 timeout=120, env={"TMPDIR": str(temp)})
+            assert second.returncode == 1 and "another bench is running" in second.stdout, \
+                second.stdout
+            assert out.read_bytes() == written
         bench.send_signal(signum)
         time.sleep(0.3)
         bench.send_signal(signum)  # pressed twice: the clean-up of the first must go on
@@ -160,9 +204,6 @@ def test_bench_stopped_leaves_nothing_running_and_keeps_its_file(signum, tmp_pat
     assert record["complete"] is False and isinstance(record["rows"], list)
 
 
-LINK = os.path.join(REPO, "scripts", "bench_link.py")
-
-
 def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
     """bench_link's quick mode: hvdtrain's defaults and both options, each on a loopback
     shaped in a private namespace. Each rank's bytes on the wire per step are its gradient
@@ -171,11 +212,7 @@ def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
     bytes as the defaults) is left out: once in six quick runs under load its ranks died
     in Gloo on the shaped link ("op.preamble.length <= op.nbytes", docs/performance.md), a
     crash not yet explained, which a test would turn into a chance failure."""
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
-    try:
-        import bench_link
-    finally:
-        sys.path.pop(0)
+    bench_link = _script("bench_link")
     reason = bench_link.unavailable()
     if reason:
         pytest.skip(f"no shaped link on this machine: {reason}")

@@ -43,15 +43,18 @@ def check_dump(dump, rank, n):
 
 
 def run_contract(prefix, store, out_dir, ranks):
+    """Run store_contract.py for `store` (several: comma-separated, one after the other in one
+    process); the dumps of each rank, for each store."""
     proc = run_command(list(prefix) + [sys.executable, SCRIPT, store, str(out_dir)],
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    return [json.load(open(out_dir / f"store{r}.json")) for r in range(ranks)]
+    return {name: [json.load(open(out_dir / f"{name}.store{r}.json")) for r in range(ranks)]
+            for name in store.split(",")}
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_horovod_store_keeps_the_contract(ranks, tmp_path):
-    dumps = run_contract(launcher("horovodrun", ranks), "horovod", tmp_path, ranks)
+    dumps = run_contract(launcher("horovodrun", ranks), "horovod", tmp_path, ranks)["horovod"]
     for rank, dump in enumerate(dumps):
         check_dump(dump, rank, ranks)
         assert dump["same_key"] == [[100.0] * 4, [float(ranks)] * 4]
@@ -66,9 +69,12 @@ def test_horovod_store_keeps_the_contract(ranks, tmp_path):
                                         1e6 * ranks]
 
 
-@pytest.mark.parametrize("store", ["local", "device"])
-def test_mxnet_stores_keep_the_same_contract(store, tmp_path):
+def test_mxnet_stores_keep_the_same_contract(tmp_path):
+    """MXNet's local and device stores, one after the other in one process (they were one
+    process each, test_mxnet_stores_keep_the_same_contract[local] and [device])."""
     # The expectations were written for MXNet's stores as much as ours: run them there too.
-    dump, = run_contract([], store, tmp_path, 1)
-    assert dump["type"] == store
-    check_dump(dump, 0, 1)
+    dumps = run_contract([], "local,device", tmp_path, 1)
+    for store in ("local", "device"):
+        dump, = dumps[store]
+        assert dump["type"] == store
+        check_dump(dump, 0, 1)

@@ -151,11 +151,17 @@ def test_a_member_that_cannot_start_stops_those_already_started(tmp_path):
     assert job.members[0].process.poll() is not None  # killed and reaped
 
 
-def test_a_mistyped_worker_command_is_refused_before_anything_starts(capsys):
+@pytest.mark.parametrize("kind", ["local", "mpi"])
+def test_a_mistyped_worker_command_is_refused_before_anything_starts(kind, capfd):
+    # The mpi case of tests/dist/test_parameter_server.py's
+    # test_mistyped_worker_command_is_one_line_and_leaves_nothing (which keeps local as a real
+    # process): main() returns before any Job exists, so nothing can be left running.
     from hvdtrain.launch.launcher import main
-    assert main(["-n", "2", "-s", "1", "hvdtrian", "--kvstore", "dist_sync"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not "
-                   "on PATH (a typo?)"]
-    assert main(["-n", "1", "--launcher", "mpi", "/no/such/hvdtrain"]) == 2
-    assert "'/no/such/hvdtrain' not found: it is not an executable file" in capsys.readouterr().err
+    assert main(["-n", "2", "-s", "1", "--launcher", kind, "hvdtrian", "--kvstore",
+                 "dist_sync"]) == 2
+    out, err = capfd.readouterr()
+    assert (out + err).strip().splitlines() == [
+        "hvdtrain-launch: error: worker command 'hvdtrian' not found: it is not on PATH "
+        "(a typo?)"]
+    assert main(["-n", "1", "--launcher", kind, "/no/such/hvdtrain"]) == 2
+    assert "'/no/such/hvdtrain' not found: it is not an executable file" in capfd.readouterr().err
