@@ -62,7 +62,12 @@ def bound_gradient_addresses(arrays: Sequence[mx.nd.NDArray]) -> List[Optional[i
     ``static_alloc=True, static_shape=True`` binds the gradient arrays it first ran backward
     with, and later backward passes hand autograd those arrays back instead of writing the
     ones it was given (``CachedOp::StaticBackward`` in MXNet 1.9). Three C calls per array,
-    no copy and no wait (a gradient living in a bucket is a plain view)."""
+    no copy and no wait (a gradient living in a bucket is a plain view).
+
+    Only for arrays whose memory exists already: ``MXNDArrayGetData`` allocates an array
+    created with delayed allocation (``mx.nd.zeros``, whose fill the engine may not have
+    run yet) in the calling thread, racing the engine thread that allocates it for the
+    fill. The buckets' buffers are therefore allocated when created (``mx.nd.empty``)."""
     get_grad, get_data, free = _LIB.MXNDArrayGetGrad, _LIB.MXNDArrayGetData, _LIB.MXNDArrayFree
     grad, data = NDArrayHandle(), ctypes.c_void_p()
     out, address = ctypes.byref(grad), ctypes.byref(data)

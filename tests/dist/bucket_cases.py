@@ -3,12 +3,14 @@
 Usage: python bucket_cases.py OUT_DIR [CASE ...]   (under a launcher, or as one process)
 
 For each case and each way of running the net (imperative, ``hybridize()``, and
-``hybridize(static_alloc=True, static_shape=True)``), two nets are built separately and
-start from the same parameters (saved by one, loaded by the other): one trains with a
-BucketedTrainer, the other with Gluon's own Trainer over the same store, through the same
+``hybridize(static_alloc=True, static_shape=True)``), three nets are built separately and
+start from the same parameters (saved by the first, loaded by the others): one trains with
+a BucketedTrainer, two with Gluon's own Trainer over the same store, through the same
 actions on their parameters. Each rank feeds batches of its own. Writes
-OUT_DIR/buckets<R>.json: per case and mode, the largest difference between the two nets'
-parameters, the bucketed net's parameters (to compare ranks), and how the trainer coped.
+OUT_DIR/buckets<R>.json: per case and mode, the largest difference between the bucketed
+net's parameters and the first plain net's, and between the two plain nets', each net's
+largest value, the bucketed and first plain net's parameters (to compare ranks), and how
+the trainer coped.
 """
 import json
 import os
@@ -155,12 +157,14 @@ def run_case(name, mode, store, out_dir):
     devices, actions = CASES[name]
     path = os.path.join(out_dir, f"start-{name}-{mode}-{store.rank}.params")
     finals = {}
-    for bucketed in (True, False):
+    # A second plain net ("again"): two plain nets agreeing where the bucketed one parts says
+    # the buckets are at fault; plain nets parting says the fault is beneath them.
+    for bucketed in (True, False, "again"):
         net = build(list(devices), mode, path)
         # SGD with momentum keeps state per parameter: after reset_ctx or cast it would
         # have the old device or dtype, which Gluon's own Trainer does not change either.
         opt = {"learning_rate": 0.1, "momentum": 0.0 if name in STATELESS else 0.9}
-        if bucketed:
+        if bucketed is True:
             trainer = BucketedTrainer(net.collect_params(), "sgd", opt, kvstore=store,
                                       update_on_kvstore=False, bucket_mb=BUCKET_MB)
         else:
@@ -175,12 +179,16 @@ def run_case(name, mode, store, out_dir):
         names = list(net.collect_params().keys())
         finals[bucketed] = [p.data(run.devices[-1]).astype("float64").asnumpy()
                             for p in net.collect_params().values()]
-        if bucketed:
+        if bucketed is True:
             report = {"buckets": len(trainer.buckets), "replans": trainer.replans,
                       "copied": trainer.copied_gradients}
     diffs = [float(np.max(np.abs(a - b))) for a, b in zip(finals[True], finals[False])]
     report["max_diff"] = max(diffs)
     report["worst"] = names[int(np.argmax(diffs))]  # to say where a difference lies
+    report["plain_twice_diff"] = max(float(np.max(np.abs(a - b)))
+                                     for a, b in zip(finals[False], finals["again"]))
+    report["largest"] = {str(key): max(float(np.max(np.abs(a))) for a in arrays)
+                         for key, arrays in finals.items()}
     # BatchNorm's running statistics follow each rank's own batches; the rest must agree
     # across ranks, in both nets: which net's ranks part says where a difference began.
     for bucketed, key in ((True, "params"), (False, "plain_params")):

@@ -41,13 +41,16 @@ def test_buckets_train_as_gluons_trainer(seen, case, mode):
 
     # The same sums of the same float32 gradients in the same order: the two nets agree to
     # rounding (float64 after `cast`). Each rank fed batches of its own, so a gradient left
-    # out of the exchange would also part the ranks. All four figures are reported at once:
-    # whether the bucketed net's ranks, or the plain net's, part says where a difference
-    # began (before the exchange, both ranks of a net agree on a wrong sum).
+    # out of the exchange would also part the ranks. All figures are reported at once: a
+    # second plain net agreeing with the first says the buckets are at fault, and whether
+    # a net's ranks part says where a difference began (a gradient wrong before the
+    # exchange leaves both ranks agreeing on a wrong sum).
     seen_figures = {"bucketed_vs_plain": [(r["max_diff"], r["worst"]) for r in reports],
+                    "plain_vs_plain_again": [r["plain_twice_diff"] for r in reports],
+                    "largest_value": [r["largest"] for r in reports],
                     "bucketed_ranks_part": ranks_part("params"),
                     "plain_ranks_part": ranks_part("plain_params")}
-    assert (all(r["max_diff"] <= 1e-6 for r in reports)
+    assert (all(r["max_diff"] <= 1e-6 and r["plain_twice_diff"] <= 1e-6 for r in reports)
             and seen_figures["bucketed_ranks_part"] <= 1e-6
             and seen_figures["plain_ranks_part"] <= 1e-6), (case, mode, seen_figures)
     assert reports[0]["params"] != pytest.approx(0.0)
