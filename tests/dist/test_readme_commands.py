@@ -64,9 +64,10 @@ def horovodrun_args(argv):
 
 
 def program_start(argv):
-    """Index of the training program in a launcher's argv (hvdtrain or python ...)."""
+    """Index of the program in a launcher's argv (hvdtrain, hvdtrain-check or python ...)."""
     for index, word in enumerate(argv):
-        if os.path.basename(word) in ("hvdtrain", "python", "python3") or word == sys.executable:
+        if os.path.basename(word) in ("hvdtrain", "hvdtrain-check", "python", "python3") \
+                or word == sys.executable:
             return index
     pytest.fail(f"no training program in {argv}")
 
