@@ -164,7 +164,8 @@ class BucketedTrainer(gluon.Trainer):
             # mx.nd.zeros would): bound_gradient_addresses reads the views' addresses from
             # this thread, and MXNet allocates a not-yet-allocated array on the spot when its
             # address is asked for, racing the engine's own allocation. Seen as a bucket of
-            # garbage (1e17) about once in 100 runs of tests/dist/bucket_cases.py under load.
+            # garbage (parameters up to 1e28) in 3 of 189 runs of tests/dist/bucket_cases.py
+            # beside other work (docs/performance.md).
             flat = mx.nd.empty(sum(g.size for g in grads), ctx=ctx, dtype=grads[0].dtype)
             flat[:] = 0
             offset = 0
