@@ -151,25 +151,29 @@ CASES = {"backward_before_setup": ([ONE], case_backward_before_setup),
 
 
 STATELESS = ("reset_ctx", "cast")
+NETS = ("bucketed", "plain", "plain_again")
+
+
+def _differences(arrays, others):
+    """The largest absolute difference of each pair of arrays."""
+    return [float(np.max(np.abs(a - b))) for a, b in zip(arrays, others)]
 
 
 def run_case(name, mode, store, out_dir):
     devices, actions = CASES[name]
     path = os.path.join(out_dir, f"start-{name}-{mode}-{store.rank}.params")
     finals = {}
-    # A second plain net ("again"): two plain nets agreeing where the bucketed one parts says
-    # the buckets are at fault; plain nets parting says the fault is beneath them.
-    for bucketed in (True, False, "again"):
+    # A second plain net: two plain nets agreeing where the bucketed one parts says the
+    # buckets are at fault; plain nets parting says the fault is beneath them.
+    for net_kind in NETS:
         net = build(list(devices), mode, path)
         # SGD with momentum keeps state per parameter: after reset_ctx or cast it would
         # have the old device or dtype, which Gluon's own Trainer does not change either.
         opt = {"learning_rate": 0.1, "momentum": 0.0 if name in STATELESS else 0.9}
-        if bucketed is True:
-            trainer = BucketedTrainer(net.collect_params(), "sgd", opt, kvstore=store,
-                                      update_on_kvstore=False, bucket_mb=BUCKET_MB)
-        else:
-            trainer = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=store,
-                                    update_on_kvstore=False)
+        trainer_class = BucketedTrainer if net_kind == "bucketed" else gluon.Trainer
+        extra = {"bucket_mb": BUCKET_MB} if net_kind == "bucketed" else {}
+        trainer = trainer_class(net.collect_params(), "sgd", opt, kvstore=store,
+                                update_on_kvstore=False, **extra)
         run = Run(net, trainer, list(devices), store.rank)
         if name == "load_parameters":
             actions(run, path)
@@ -177,22 +181,21 @@ def run_case(name, mode, store, out_dir):
             actions(run)
         settle()
         names = list(net.collect_params().keys())
-        finals[bucketed] = [p.data(run.devices[-1]).astype("float64").asnumpy()
+        finals[net_kind] = [p.data(run.devices[-1]).astype("float64").asnumpy()
                             for p in net.collect_params().values()]
-        if bucketed is True:
+        if net_kind == "bucketed":
             report = {"buckets": len(trainer.buckets), "replans": trainer.replans,
                       "copied": trainer.copied_gradients}
-    diffs = [float(np.max(np.abs(a - b))) for a, b in zip(finals[True], finals[False])]
+    diffs = _differences(finals["bucketed"], finals["plain"])
     report["max_diff"] = max(diffs)
     report["worst"] = names[int(np.argmax(diffs))]  # to say where a difference lies
-    report["plain_twice_diff"] = max(float(np.max(np.abs(a - b)))
-                                     for a, b in zip(finals[False], finals["again"]))
-    report["largest"] = {str(key): max(float(np.max(np.abs(a))) for a in arrays)
-                         for key, arrays in finals.items()}
+    report["plain_twice_diff"] = max(_differences(finals["plain"], finals["plain_again"]))
+    report["largest"] = {kind: max(float(np.max(np.abs(a))) for a in arrays)
+                         for kind, arrays in finals.items()}
     # BatchNorm's running statistics follow each rank's own batches; the rest must agree
     # across ranks, in both nets: which net's ranks part says where a difference began.
-    for bucketed, key in ((True, "params"), (False, "plain_params")):
-        trained = [a.ravel() for name, a in zip(names, finals[bucketed])
+    for net_kind, key in (("bucketed", "params"), ("plain", "plain_params")):
+        trained = [a.ravel() for name, a in zip(names, finals[net_kind])
                    if not name.endswith(("running_mean", "running_var"))]
         report[key] = np.concatenate(trained).tolist()
     return report
