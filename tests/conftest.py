@@ -10,16 +10,23 @@ import helpers  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):
-    """Under two test processes (``make test TEST_WORKERS=2``: each file whole in one of
-    them, in this order, ``--no-loadscope-reorder``): files holding a test marked `slow`
-    first, then the other multi-process files, then the unit files, so the long files start
-    early and the many short unit files fill the end, instead of one process finishing a
-    long file alone. In one process the order stays pytest's own."""
+    """test_slow_ranks.py last: its tests wait for jobs that start with the first
+    multi-process test and pause for minutes (tests/dist/conftest.py), so by the end they
+    have finished while the other tests ran.
+
+    Under two test processes (``make test TEST_WORKERS=2``: each file whole in one of them,
+    in this order, ``--no-loadscope-reorder``): before it, files holding a test marked
+    `slow` first, then the other multi-process files, then the unit files, so the long files
+    start early and the many short unit files fill the end, instead of one process finishing
+    a long file alone. In one process the order is otherwise pytest's own."""
+    waits = {item.path for item in items if item.module.__name__ == "test_slow_ranks"}
     if not os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.path in waits)  # a stable sort
         return
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     dist_files = {item.path for item in items if item.get_closest_marker("dist")}
-    rank = {id(item): (item.path not in slow_files, item.path not in dist_files, index)
+    rank = {id(item): (item.path in waits, item.path not in slow_files,
+                       item.path not in dist_files, index)
             for index, item in enumerate(items)}
     items.sort(key=lambda item: rank[id(item)])
 

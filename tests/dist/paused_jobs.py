@@ -10,12 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from helpers import BIN, REPO, record_job
-from jobs import DIGITS, launcher
+from jobs import DIGITS, launcher, lower_priority_of_busy_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GLOO_AND_MPI = ["horovodrun", "horovodrun-gloo"]
@@ -37,6 +38,7 @@ class SharedJob:
 
     def __init__(self, folder, cmd):
         self.folder, self.cmd = str(folder), list(map(str, cmd))
+        self.tag = "shared-job-" + os.path.basename(self.folder)  # in its processes' environment
         self.log = os.path.join(self.folder, "output.log")
         self.status = os.path.join(self.folder, "status")
         self._proc = None  # the Popen, in the process that started the job
@@ -44,7 +46,8 @@ class SharedJob:
     def start(self):
         """Start the command (the shell that wraps it writes its exit status when it ends)."""
         os.makedirs(self.folder, exist_ok=True)
-        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
+                   HVDTRAIN_TEST_TAG=self.tag)
         wrapped = ["sh", "-c", '"$@"; echo $? > "$0.part" && mv "$0.part" "$0"', self.status,
                    *self.cmd]
         with open(self.log, "w") as out:
@@ -88,6 +91,21 @@ class SharedJob:
             self._proc.wait()
 
 
+#: What each program prints as its rank 0 starts to pause.
+PAUSE_LINES = {"library": "rank 0 pauses", "checkpoint": "slow storage: this checkpoint takes"}
+
+
+def _lower_priority_once_paused(job, line, deadline):
+    """When `job` prints `line`, lower its busy threads' priority (the rank left waiting
+    spins in Horovod's background thread: jobs.lower_priority_of_busy_threads); the pause
+    itself is what the tests wait out, at no cost to the tests running beside it."""
+    while time.monotonic() < deadline and not job.done():
+        if line in job.output():
+            lower_priority_of_busy_threads(job.tag)
+            return
+        time.sleep(1)
+
+
 def _job_commands(folder):
     """{(program, launcher): (command, the worker's output folder or None)}."""
     commands = {}
@@ -119,10 +137,13 @@ class PausedJobs:
         with open(os.path.join(self.folder, "lock"), "w") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one starter per session
             if not os.path.exists(record):
-                for job, run_root in self.jobs.values():
+                for (program, _), (job, run_root) in self.jobs.items():
                     if run_root:
                         os.makedirs(run_root, exist_ok=True)
                     job.start()
+                    threading.Thread(target=_lower_priority_once_paused, daemon=True,
+                                     args=(job, PAUSE_LINES[program],
+                                           time.monotonic() + FINISH_TIMEOUT)).start()
                 with open(record, "w") as out:
                     json.dump({"wall_time": time.time()}, out)
                 self.started_here = True

@@ -13,8 +13,9 @@ import pytest
 
 from helpers import (folder_digest, main_in_process, record_job, run_command,
                      split_by_process, tool)
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, rank_pids,
-                  reap, role_pids, run_ranks, tagged_launch, tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher,
+                  lower_priority_of_busy_threads, rank_pids, reap, role_pids, run_ranks,
+                  tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,7 +124,8 @@ def test_kill_9_of_one_rank_fails_the_job_fast(name, tmp_path, long_job):
 @pytest.fixture(scope="module")
 def frozen_jobs(tmp_path_factory):
     """One long job per launcher, each with rank 1 SIGSTOPped once it trains:
-    {launcher: (proc, tag, time of the SIGSTOP)}, or the reason its start failed.
+    {launcher: (proc, tag, time of the SIGSTOP, busy threads lowered)}, or the reason its
+    start failed.
 
     They start one after another (start-ups share 2 cores badly), and each job's 30 s
     stall timeout runs while the next one starts: the four tests wait out one timeout
@@ -137,7 +139,9 @@ def frozen_jobs(tmp_path_factory):
             started.append((proc, tag))
             _wait_for_training(proc, out_dir)
             os.kill(ranks[1], signal.SIGSTOP)
-            jobs[name] = (proc, tag, time.monotonic())
+            stopped = time.monotonic()
+            lowered = lower_priority_of_busy_threads(tag)  # the rank left waiting spins
+            jobs[name] = (proc, tag, stopped, len(lowered))
         except (AssertionError, pytest.fail.Exception) as err:
             jobs[name] = f"{name}: {err}"
     yield jobs
@@ -153,11 +157,11 @@ def test_a_frozen_rank_ends_the_job(name, frozen_jobs):
     job = frozen_jobs[name]
     if isinstance(job, str):
         pytest.fail(job)
-    proc, tag, stopped = job
+    proc, tag, stopped, lowered = job
     record_job(proc.cmd, path=proc.log_path)
     out = reap(proc, tag, timeout=max(1.0, stopped + 150 - time.monotonic()))
     print(f"{name}: exited {proc.returncode} {time.monotonic() - stopped:.1f}s after SIGSTOP "
-          f"of one rank")
+          f"of one rank ({lowered} busy threads given the lowest priority)")
     assert proc.returncode != 0
     assert "with no step completed" in out and "--stall-timeout 30" in out
 
