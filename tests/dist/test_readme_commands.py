@@ -2,9 +2,10 @@
 
 Lines one machine can run are run for real, with only these stand-ins: CIFAR-10 is a small
 set of generated CIFAR-format files, `runs/...` is a temporary folder, epochs are cut to one
-(two for a resume) and `synthetic` runs stop after 3 steps, the hosts `d1`/`d2` are two
-loopback "hosts" behind a private sshd (2 slots each instead of 4, where hvdtrain trains the
-small `simple_cnn`), and `mpirun` gets `--allow-run-as-root`. Lines that need a GPU, Docker
+(two for a resume) and `synthetic` runs stop after 3 steps, a line starting more local ranks
+than this 2-core machine has cores starts 2, the hosts `d1`/`d2` are two loopback "hosts"
+behind a private sshd (one slot each instead of 4, where hvdtrain trains the small
+`simple_cnn`), and `mpirun` gets `--allow-run-as-root`. Lines that need a GPU, Docker
 or Slurm are read by the programs that would read them: hvdtrain's parser, horovodrun's own
 parser, `bash -n`, `make -n`.
 A new line in a document is picked up without anyone adding a test.
@@ -33,6 +34,11 @@ CIFAR_PATHS = ("~/data/cifar-10-batches-bin", "/data/cifar-10-batches-bin")
 # ImageNet as a folder and as a pack: stood in for by generated digit images (20 a class).
 IMAGENET_PATHS = {"~/data/imagenet-rec": "imagenet-rec", "~/data/imagenet": "imagenet"}
 FAR_HOSTS = ("d1", "d2")
+# One rank a far host: such a line shows the launch across hosts. Two ranks a host, each
+# launcher form, run in tests/dist/test_multihost.py and test_preflight.py.
+FAR_SLOTS = 1
+# Local ranks a line starts at most: one a core.
+LOCAL_RANKS = 2
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +138,12 @@ def localize(argv, workspace):
                 word = str(workspace / stand_in)
                 ensure_images(workspace)
         out.append(str(workspace / word) if word.startswith("runs/") else word)
+    if out[0] in ("horovodrun", "mpirun") and "-np" in out and not is_far(out) \
+            and int(out[out.index("-np") + 1]) > LOCAL_RANKS:
+        # `-np 4 -H localhost:4` on 2 cores: four start-ups of the same program, no more.
+        out[out.index("-np") + 1] = str(LOCAL_RANKS)
+        if "-H" in out:
+            out[out.index("-H") + 1] = f"localhost:{LOCAL_RANKS}"
     if any(w in ("imagefolder", "recordio") for w in argv) and "--image-size" not in argv:
         out += ["--image-size", "32", "--max-steps", "2"]  # a model-zoo net at 224: minutes
     elif "synthetic" in argv and "--image-size" in out:
@@ -149,21 +161,21 @@ def ensure_images(workspace):
 
 
 def to_loopback_hosts(argv, hosts):
-    """`argv` with the loopback hosts (2 slots each) in place of d1/d2 and their hostfiles,
-    and the options that reach their private sshd."""
+    """`argv` with the loopback hosts (FAR_SLOTS each) in place of d1/d2 and their
+    hostfiles, and the options that reach their private sshd."""
     out = argv[:1] + ssh_options(argv[0], hosts)
     words = iter(enumerate(argv[1:], 1))
     for index, word in words:
         if word == "-np":
-            out += ["-np", str(2 * len(hosts.addresses))]
+            out += ["-np", str(FAR_SLOTS * len(hosts.addresses))]
             next(words)
         elif word == "-H" and not argv[index + 1].startswith("hostfiles/"):
-            out += ["-H", ",".join(f"{a}:2" for a in hosts.addresses)]
+            out += ["-H", ",".join(f"{a}:{FAR_SLOTS}" for a in hosts.addresses)]
             next(words)
         elif word.startswith("hostfiles/two-hosts"):
             fmt = {".hostfile": "{address} slots={slots}", "4gpu.txt": "{address}:{slots}"}
             fmt = next((f for end, f in fmt.items() if word.endswith(end)), "{address}")
-            out.append(hosts.hostfile(slots=2, fmt=fmt, name=os.path.basename(word)))
+            out.append(hosts.hostfile(slots=FAR_SLOTS, fmt=fmt, name=os.path.basename(word)))
         else:
             out.append(word)
     return out
@@ -300,10 +312,31 @@ RUN_ELSEWHERE = {
     "horovodrun -np 2 -H localhost:2 hvdtrain --dataset synthetic --max-steps 20 "
     "--horovod-timeline runs/timeline.json":
         "tests/dist/test_horovod.py::test_timeline_shows_buckets_reduced_in_place",
+    # Training across the two hosts under each launcher form: four ranks of hvdtrain's
+    # main, two on each loopback host, placement, accuracy and replicas checked
+    # (rank_worker.py). README.md:7 and docs/data.md:85 (-H, on CIFAR and on a pack) run
+    # here as well; hvdtrain on CIFAR-10 runs locally in README.md:58.
+    "horovodrun -np 8 --hostfile hostfiles/two-hosts-4gpu.hostfile hvdtrain --data-dir "
+    "~/data/cifar-10-batches-bin":
+        "tests/dist/test_multihost.py::test_four_ranks_on_two_hosts",
+    "horovodrun --gloo -np 8 -H d1:4,d2:4 hvdtrain --data-dir ~/data/cifar-10-batches-bin":
+        "tests/dist/test_multihost.py::test_four_ranks_on_two_hosts",
+    "mpirun -np 8 --hostfile hostfiles/two-hosts-4gpu.hostfile --bind-to none -x PATH -x "
+    "LD_LIBRARY_PATH hvdtrain --data-dir ~/data/cifar-10-batches-bin":
+        "tests/dist/test_multihost.py::test_four_ranks_on_two_hosts",
     "mpirun -np 8 --hostfile hostfiles/two-hosts-4gpu.hostfile --bind-to none -x PATH -x "
     "LD_LIBRARY_PATH -x NCCL_DEBUG=INFO hvdtrain --data-dir ~/data/cifar-10-batches-bin":
-        "mpirun -np 8 --hostfile hostfiles/two-hosts-4gpu.hostfile --bind-to none -x PATH -x "
-        "LD_LIBRARY_PATH hvdtrain --data-dir ~/data/cifar-10-batches-bin",
+        "tests/dist/test_multihost.py::test_four_ranks_on_two_hosts",
+    # hvdtrain-check across the two hosts under horovodrun, Gloo and mpirun, four ranks, one
+    # with another install (its table and lines checked). On a pack, in
+    # tests/unit/test_images.py::test_check_names_a_rank_whose_pack_differs.
+    "horovodrun -np 8 -H d1:4,d2:4 hvdtrain-check --data-dir ~/data/cifar-10-batches-bin":
+        "tests/dist/test_preflight.py::test_two_hosts_and_a_rank_that_differs",
+    "horovodrun -np 8 -H d1:4,d2:4 hvdtrain-check --data-dir ~/data/imagenet-rec":
+        "tests/dist/test_preflight.py::test_two_hosts_and_a_rank_that_differs",
+    "mpirun -np 8 -H d1:4,d2:4 --bind-to none -x PATH hvdtrain-check --data-dir "
+    "~/data/cifar-10-batches-bin":
+        "tests/dist/test_preflight.py::test_two_hosts_and_a_rank_that_differs",
     "hvdtrain-launch -n 2 -s 2 -H hostfiles/two-hosts-ps.txt hvdtrain --kvstore dist_sync "
     "--data-dir ~/data/cifar-10-batches-bin --epochs 5":
         "hvdtrain-launch -n 2 -s 2 -H hostfiles/two-hosts-ps.txt hvdtrain --kvstore dist_sync "
