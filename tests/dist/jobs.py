@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -121,6 +122,16 @@ def lower_priority_of_busy_threads(tag, settle_s=1.0, sample_s=1.0, busy=0.2):
                 lowered.append(key)
             except OSError:
                 pass  # the thread has ended
+    return lowered
+
+
+def lower_priority_of_busy_threads_soon(tag):
+    """:func:`lower_priority_of_busy_threads` in a thread, so that the caller can go on
+    (start the next job) while it samples; the list it returns fills with the (pid, thread
+    id) pairs lowered, within two seconds."""
+    lowered = []
+    threading.Thread(target=lambda: lowered.extend(lower_priority_of_busy_threads(tag)),
+                     daemon=True).start()
     return lowered
 
 

@@ -14,7 +14,7 @@ import pytest
 from helpers import (folder_digest, main_in_process, record_job, run_command,
                      split_by_process, tool)
 from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher,
-                  lower_priority_of_busy_threads, rank_pids, reap, role_pids, run_ranks,
+                  lower_priority_of_busy_threads_soon, rank_pids, reap, role_pids, run_ranks,
                   tagged_launch, tagged_pids)
 
 pytestmark = pytest.mark.dist
@@ -139,9 +139,8 @@ def frozen_jobs(tmp_path_factory):
             started.append((proc, tag))
             _wait_for_training(proc, out_dir)
             os.kill(ranks[1], signal.SIGSTOP)
-            stopped = time.monotonic()
-            lowered = lower_priority_of_busy_threads(tag)  # the rank left waiting spins
-            jobs[name] = (proc, tag, stopped, len(lowered))
+            # The rank left waiting spins; its busy thread is lowered while the next starts.
+            jobs[name] = (proc, tag, time.monotonic(), lower_priority_of_busy_threads_soon(tag))
         except (AssertionError, pytest.fail.Exception) as err:
             jobs[name] = f"{name}: {err}"
     yield jobs
@@ -161,7 +160,7 @@ def test_a_frozen_rank_ends_the_job(name, frozen_jobs):
     record_job(proc.cmd, path=proc.log_path)
     out = reap(proc, tag, timeout=max(1.0, stopped + 150 - time.monotonic()))
     print(f"{name}: exited {proc.returncode} {time.monotonic() - stopped:.1f}s after SIGSTOP "
-          f"of one rank ({lowered} busy threads given the lowest priority)")
+          f"of one rank ({len(lowered)} busy threads given the lowest priority)")
     assert proc.returncode != 0
     assert "with no step completed" in out and "--stall-timeout 30" in out
 
