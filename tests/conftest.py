@@ -14,7 +14,7 @@ def pytest_collection_modifyitems(items):
     multi-process test and pause for minutes (tests/dist/conftest.py), so by the end they
     have finished while the other tests ran.
 
-    Under two test processes (``make test TEST_WORKERS=2``: each file whole in one of them,
+    Under two test processes (``make test``'s default: each file whole in one of them,
     in this order, ``--no-loadscope-reorder``): before it, files holding a test marked
     `slow` first, then the other multi-process files, then the unit files, so the long files
     start early and the many short unit files fill the end, instead of one process finishing
