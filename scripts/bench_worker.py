@@ -250,7 +250,7 @@ def hvdtrain_loop(args, data):
     assert stats.samples == args.steps * step_samples(args) * dist.num_workers, stats
     per_step = stats.seconds / args.steps
     return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps, dict(
-        sent=sent, gradient_bytes=gradient_bytes(net, args))
+        sent=sent, gradient_bytes=gradient_bytes(net, args), buckets=trainer.buckets)
 
 
 def timed_exchange(trainer, batch_size):
@@ -316,6 +316,8 @@ def run_and_report(args):
         "link_bytes_per_sample": None if None in sent else
         (sent[1] - sent[0]) / (timed_samples * size),
         "gradient_bytes": link.get("gradient_bytes"),
+        # hvdtrain's gradient buckets, as parameter positions (none: no buckets).
+        "buckets": link.get("buckets") or [],
         "allreduce_share": sum(a for _, a in timings) / step_time,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "omp_threads": os.environ.get("OMP_NUM_THREADS")}, out)

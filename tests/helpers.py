@@ -171,20 +171,31 @@ def folder_digest(folder):
     return out.hexdigest()
 
 
-def timeline_phases(path):
-    """Horovod's timeline at `path`, as {collective's name: the phases it went through}.
+def timeline_runs(path):
+    """Horovod's timeline at `path`, as {collective's name: [the phases of each time it
+    ran, in order]}.
 
-    The file is a Chrome trace that Horovod may leave without its closing bracket."""
+    The file is a Chrome trace that Horovod may leave without its closing bracket; each
+    time a collective runs starts with its negotiation phase."""
     with open(path) as src:
         text = src.read().rstrip().rstrip(",")
     events = json.loads(text if text.endswith("]") else text + "]")
     rows = {e["pid"]: e["args"]["name"] for e in events
             if e.get("ph") == "M" and "name" in e.get("args", {})}
-    phases = {}
+    runs = {}
     for event in events:
         if event.get("ph") == "B":
-            phases.setdefault(rows.get(event["pid"], "?"), set()).add(event["name"])
-    return phases
+            row = runs.setdefault(rows.get(event["pid"], "?"), [])
+            if event["name"].startswith("NEGOTIATE_") or not row:
+                row.append(set())
+            row[-1].add(event["name"])
+    return runs
+
+
+def timeline_phases(path):
+    """Horovod's timeline at `path`, as {collective's name: the phases it went through, in
+    any of the times it ran}."""
+    return {row: set().union(*seen) for row, seen in timeline_runs(path).items()}
 
 
 def image_sets(root, per_class=None):

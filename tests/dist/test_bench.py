@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import REPO, run_command, timeline_phases
+from helpers import REPO, run_command, timeline_runs
 from hvdtrain.data.datasets import write_cifar_files
 from jobs import JOB_TIMEOUT, launcher
 
@@ -50,23 +50,36 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
     """The bench's "before zero-copy" row measures what it names: its buckets are copied
     into Horovod's fusion buffer, and today's loop in the same worker copies none."""
     timeline = tmp_path / "timeline.json"
+    # 8.05 MiB: simple_cnn's two buckets each hold several gradients (its largest is 8 MiB).
+    # Horovod copies a grouped allreduce of several arrays into its fusion buffer every
+    # time; a bucket of one gradient is copied only when Horovod's timing happens to fuse
+    # it with another call (with 0.002 MiB every bucket was one gradient, and one of them
+    # went uncopied in stop 33's CI run).
     proc = run_command(launcher("horovodrun") + [
         sys.executable, WORKER, "--impl", "hvdtrain", "--data", "synthetic", "--model",
-        "simple_cnn", "--grad-bucket-mb", "0.002", "--steps", "2", "--warmup", "1",
+        "simple_cnn", "--grad-bucket-mb", "8.05", "--steps", "2", "--warmup", "1",
         "--batch-size", "16", "--out", str(tmp_path / "run")]
         + (["--copied-buckets"] if copied else []),
         timeout=JOB_TIMEOUT, env={"OMP_NUM_THREADS": "1", "HOROVOD_TIMELINE": str(timeline)})
     assert proc.returncode == 0, proc.stdout[-3000:]
-    phases = timeline_phases(timeline)
+    buckets = json.load(open(tmp_path / "run.rank0.json"))["buckets"]
+    assert len(buckets) > 1 and min(map(len, buckets)) > 1, buckets
+    runs = timeline_runs(timeline)
     # Gradients: every allreduce but the loop's bookkeeping sums and the start-up broadcast
     # (an allreduce too: hvdtrain/store/broadcast.py).
-    gradients = {row: seen for row, seen in phases.items() if "MPI_ALLREDUCE" in seen
+    gradients = {row: seen for row, seen in runs.items()
+                 if any("MPI_ALLREDUCE" in phases for phases in seen)
                  and not row.endswith(("finite_check", "train_totals"))
                  and ".broadcast." not in row}
-    assert len(gradients) > 1, sorted(phases)
-    copied_rows = sorted(row for row, seen in gradients.items()
-                         if "MEMCPY_IN_FUSION_BUFFER" in seen)
-    assert copied_rows == (sorted(gradients) if copied else []), gradients
+    # One row per gradient when copied (the arrays of a grouped call), one per bucket when
+    # not (its flat buffer); each ran once per step (warmup and timed).
+    parameters = sum(map(len, buckets))
+    assert len(gradients) == (parameters if copied else len(buckets)), sorted(runs)
+    assert all(len(seen) == 3 for seen in gradients.values()), gradients
+    # Copied (or not) every time, not only in some step.
+    for row, seen in gradients.items():
+        assert [("MEMCPY_IN_FUSION_BUFFER" in phases) for phases in seen] == [copied] * 3, \
+            (row, seen)
 
 
 BENCH = os.path.join(REPO, "scripts", "bench.py")
