@@ -30,14 +30,17 @@ TAIL_LINES = 100
 _RANK_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 
 
-def record_job(cmd, output=None, path=None):
-    """Note a command this test started, with its `output` or the `path` it writes to."""
-    _JOBS.append((list(map(str, cmd)), output, path))
+def record_job(cmd, output=None, path=None, routine=None):
+    """Note a command this test started, with its `output` or the `path` it writes to.
+
+    `routine`, a compiled pattern, matches progress lines (one per step) that would push a
+    process's last words out of its tail in the report: they are counted, not shown."""
+    _JOBS.append((list(map(str, cmd)), output, path, routine))
 
 
 def clear_jobs():
     """Forget the recorded jobs, removing the output files they wrote to."""
-    for _, _, path in _JOBS:
+    for _, _, path, _ in _JOBS:
         if path is not None and os.path.exists(path):
             os.remove(path)
     del _JOBS[:]
@@ -56,7 +59,7 @@ def split_by_process(output):
 def job_report(lines=TAIL_LINES):
     """The last `lines` lines of each process of every job the current test started."""
     blocks = []
-    for cmd, output, path in _JOBS:
+    for cmd, output, path, routine in _JOBS:
         if output is None and path is not None:
             try:
                 with open(path, errors="replace") as src:
@@ -65,8 +68,10 @@ def job_report(lines=TAIL_LINES):
                 output = f"(output file unreadable: {err})"
         blocks.append("$ " + " ".join(cmd)[:300])
         for who, part in sorted(split_by_process(output or "").items()):
-            shown = part[-lines:]
-            blocks.append(f"--- {who}: last {len(shown)} of {len(part)} lines")
+            kept = [line for line in part if not (routine and routine.search(line))]
+            shown = kept[-lines:]
+            left_out = f", {len(part) - len(kept)} routine ones left out" if routine else ""
+            blocks.append(f"--- {who}: last {len(shown)} of {len(part)} lines{left_out}")
             blocks.extend(shown)
     return "\n".join(blocks)
 

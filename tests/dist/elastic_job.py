@@ -95,8 +95,11 @@ def run(args, folder):
             program = [sys.executable, os.path.join(HERE, "elastic_ids.py"), args.record]
         else:
             program = [os.path.join(BIN, "hvdtrain")]
+        # --log-level INFO: the driver logs each worker's state, the hosts it blacklists and
+        # why it stops, which a chance failure needs to explain itself.
         command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "4"] + launch + [
-                   "--network-interface", "lo", "-p", str(hosts.port), "-i", hosts.key] + \
+                   "--network-interface", "lo", "--log-level", "INFO", "-p", str(hosts.port),
+                   "-i", hosts.key] + \
             program + ["--dataset", "digits", "--no-cuda"] + \
             ([] if args.plain else ["--elastic", "--commit-every", str(args.commit_every)]) + [
                    "--epochs", str(args.epochs), "--batch-size", "8",
