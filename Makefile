@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 install:
 	bash scripts/install-deps.sh --venv $(VENV)
 
-# The main job: 2 ranks on this machine, digits (bundled with scikit-learn, no download).
+# The main job: 2 ranks on this machine, digits (bundled, no download).
 # It starts over in runs/demo each time and fails unless the final test accuracy is >= 0.95.
 DEMO_DIR := runs/demo
 demo: install

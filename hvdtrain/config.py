@@ -59,7 +59,7 @@ class TrainConfig:
 
     # data
     dataset: str = option(
-        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled with scikit-learn), "
+        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled 8x8 digits), "
         "synthetic (random, for throughput), imagefolder (--data-dir/train/<class>/*.jpg and "
         "val/<class>/*) or recordio (--data-dir/train.rec+.idx and val.rec+.idx)",
         group="data", choices=("cifar10", "digits", "synthetic", "imagefolder", "recordio"))

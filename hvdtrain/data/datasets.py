@@ -148,16 +148,25 @@ def write_cifar_files(folder: str, num_train: int, num_test: int, seed: int = 0)
         np.concatenate([labels[:, None], images], axis=1).tofile(os.path.join(folder, name))
 
 
+# The 1,797 8x8 handwritten digits of UCI's "Optical Recognition of Handwritten Digits"
+# (test set; E. Alpaydin and C. Kaynak, CC BY 4.0), as scikit-learn's load_digits() gives
+# them: images with values 0-16 and their labels. Bundled (45 KB) so that the demo needs no
+# download and no scikit-learn, whose import MXNet would then run in every process
+# (docs/data.md).
+DIGITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.npz")
+
+
+def digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
+    """The bundled digits: uint8 images ``(1797, 8, 8)`` in ``[0, 16]`` and uint8 labels."""
+    with np.load(DIGITS_FILE) as bundled:
+        return bundled["images"], bundled["labels"]
+
+
 def load_digits() -> Dataset:
-    """scikit-learn's bundled 8x8 handwritten digits, with a fixed 80/20 split."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError:
-        raise DatasetError("--dataset digits needs scikit-learn: pip install scikit-learn") \
-            from None
-    bunch = sk_digits()
-    images = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
-    labels = bunch.target.astype(np.int32)
+    """The bundled 8x8 handwritten digits, with a fixed 80/20 split."""
+    images, labels = digits_arrays()
+    images = (images.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    labels = labels.astype(np.int32)
     order = np.random.default_rng(0).permutation(len(labels))
     test, train = order[:360], order[360:]
     return Dataset("digits", images[train], labels[train], images[test], labels[test],

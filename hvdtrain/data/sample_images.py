@@ -2,9 +2,10 @@
 
     python -m hvdtrain.data.sample_images OUT_DIR [--per-class N]
 
-scikit-learn's handwritten digits drawn as colour JPEGs (and a few PNGs) of 40-120 pixels a
-side, each digit in random colours at a random place near the centre, sorted into ``OUT_DIR/train/<digit>/``
-and ``OUT_DIR/val/<digit>/`` (80/20). Deterministic: the same files every time.
+The bundled handwritten digits (:func:`hvdtrain.data.datasets.digits_arrays`) drawn as
+colour JPEGs (and a few PNGs) of 40-120 pixels a side, each digit in random colours at a
+random place near the centre, sorted into ``OUT_DIR/train/<digit>/`` and
+``OUT_DIR/val/<digit>/`` (80/20). Deterministic: the same files every time.
 """
 from __future__ import annotations
 
@@ -48,19 +49,19 @@ def write_digit_images(out_dir: str, per_class: Optional[int] = None,
                        seed: int = 0) -> Tuple[int, int]:
     """Write the digits folder to `out_dir`; `per_class` caps the images per class (both
     splits together). Returns (train, val) counts."""
-    from sklearn.datasets import load_digits
-    bunch = load_digits()
+    from .datasets import digits_arrays
+    images, labels = digits_arrays()
     rng = np.random.default_rng(seed)
     counts = [0, 0]
     for label in range(10):
-        chosen = np.flatnonzero(bunch.target == label)
+        chosen = np.flatnonzero(labels == label)
         chosen = chosen[rng.permutation(len(chosen))][:per_class]
         cut = int(round(len(chosen) * 0.8))
         for number, index in enumerate(chosen):
             split = 0 if number < cut else 1
             folder = os.path.join(out_dir, ("train", "val")[split], CLASS_NAMES[label])
             os.makedirs(folder, exist_ok=True)
-            image = render(bunch.images[index], rng)
+            image = render(images[index], rng)
             # Every tenth image a PNG: the folder format takes both.
             ext = "png" if number % 10 == 9 else "jpg"
             image.save(os.path.join(folder, f"{index:04d}.{ext}"), quality=90)

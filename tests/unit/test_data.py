@@ -3,8 +3,9 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain.data.datasets import (CIFAR_RECORD, DatasetError, load_cifar10, load_dataset, load_digits,
-                           SYNTHETIC_BYTES, make_synthetic, write_cifar_files)
+from hvdtrain.data.datasets import (CIFAR_RECORD, DatasetError, digits_arrays, load_cifar10,
+                                   load_dataset, load_digits, SYNTHETIC_BYTES, make_synthetic,
+                                   write_cifar_files)
 from hvdtrain.data.loader import BatchLoader, normalize, random_crop_flip
 from hvdtrain.data.sampler import SplitSampler
 
@@ -15,6 +16,18 @@ def test_digits_fixed_split():
     assert data.num_classes == 10 and 0.0 <= data.train_x.min() and data.train_x.max() <= 1.0
     again = load_digits()
     assert np.array_equal(data.test_y, again.test_y)
+
+
+def test_bundled_digits_are_ucis_test_set():
+    """The bundled file against what UCI publishes of "Optical Recognition of Handwritten
+    Digits": its test set (optdigits.tes, the 1,797 images scikit-learn's load_digits gives)
+    has this many images of each class (optdigits.names), each 8x8 with values 0-16, and
+    its first image is a zero."""
+    images, labels = digits_arrays()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.uint8
+    assert images.min() == 0 and images.max() == 16
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    assert labels[0] == 0 and images[0, 0].tolist() == [0, 0, 5, 13, 9, 1, 0, 0]
 
 
 def test_cifar_binary_round_trip(tmp_path):
