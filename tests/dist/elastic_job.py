@@ -31,7 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from elastic_spike import command_line, write_hosts  # noqa: E402
+from elastic_spike import DRIVER_LOG, command_line, write_hosts  # noqa: E402
 from loopback_hosts import loopback_hosts  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
@@ -95,10 +95,8 @@ def run(args, folder):
             program = [sys.executable, os.path.join(HERE, "elastic_ids.py"), args.record]
         else:
             program = [os.path.join(BIN, "hvdtrain")]
-        # --log-level INFO: the driver logs each worker's state, the hosts it blacklists and
-        # why it stops, which a chance failure needs to explain itself.
         command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "4"] + launch + [
-                   "--network-interface", "lo", "--log-level", "INFO", "-p", str(hosts.port),
+                   "--network-interface", "lo", *DRIVER_LOG, "-p", str(hosts.port),
                    "-i", hosts.key] + \
             program + ["--dataset", "digits", "--no-cuda"] + \
             ([] if args.plain else ["--elastic", "--commit-every", str(args.commit_every)]) + [

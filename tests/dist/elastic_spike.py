@@ -29,6 +29,9 @@ from loopback_hosts import loopback_hosts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
+# horovodrun's option that has its elastic driver log each worker's recorded state, the
+# hosts it blacklists and why it stops: what a chance failure needs to explain itself.
+DRIVER_LOG = ["--log-level", "INFO"]
 
 
 def write_hosts(path, lines):
@@ -48,12 +51,10 @@ def run(args, folder):
     write_hosts(hosts_file, both[:1] if args.scenario == "resize" else both)
     np_start = 2 if args.scenario == "resize" else 4
     with loopback_hosts(os.path.join(folder, "ssh")) as hosts:
-        # --log-level INFO: the driver logs each worker's state, the hosts it blacklists and
-        # why it stops, which a chance failure needs to explain itself.
         command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(np_start),
                    "--min-np", "2", "--max-np", "4", "--host-discovery-script", discover,
                    "--elastic-timeout", str(args.elastic_timeout), "--network-interface", "lo",
-                   "--log-level", "INFO", "-p", str(hosts.port), "-i", hosts.key,
+                   *DRIVER_LOG, "-p", str(hosts.port), "-i", hosts.key,
                    sys.executable, os.path.join(HERE, "elastic_program.py"),
                    "--steps", str(args.steps), "--commit-every", str(args.commit_every),
                    "--kill-step", str(args.kill_step if args.scenario == "kill" else -1),

@@ -128,9 +128,9 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
     # The checkpoints stay resumable: one more epoch, one process, from the elastic folder.
     assert _resumes_alone(tmp_path / "elastic" / "out", epochs=7) == 6
 
-    _report_on_failure("elastic_job.py", ["--plain", "--timeout", "200"] + JOB,
-                       tmp_path / "plain")
-    plain = run_job(parse_job(["--plain", "--timeout", "200"] + JOB), str(tmp_path / "plain"))
+    flags = ["--plain", "--timeout", "200"] + JOB
+    _report_on_failure("elastic_job.py", flags, tmp_path / "plain")
+    plain = run_job(parse_job(flags), str(tmp_path / "plain"))
     assert plain["exit"] == 0, _brief(plain)
     final = [m["test_acc"] for r in (result, plain) for m in r["metrics"]
              if m["event"] == "end"]
