@@ -93,7 +93,7 @@ def _add_option(group, spec) -> None:
     if optmod.describe_range(spec):
         help_text += f" ({optmod.describe_range(spec)})"
     if shown:
-        help_text += f" (default: {shown})"
+        help_text += f" (default: {shown})".replace("%", "%%")
     parse = optmod.parse_of(spec)
     kwargs = {"dest": spec.name, "default": default, "help": help_text,
               "metavar": meta["metavar"]}

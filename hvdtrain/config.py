@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-from .options import (NON_NEGATIVE, POSITIVE, ConfigError, check_range, flag_name,
-                      int_list, option)
+from .options import (NON_NEGATIVE, POSITIVE, ConfigError, check_range, count_or_percent,
+                      flag_name, int_list, option)
 from .options import flag_table as options_table
 
 HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
@@ -80,6 +80,11 @@ class TrainConfig:
     pca_noise: float = option(
         0.1, "imagefolder/recordio training: std of AlexNet's PCA lighting noise",
         group="data", range=NON_NEGATIVE)
+    max_bad_samples: str = option(
+        "1%", "imagefolder/recordio: unreadable or undecodable samples a split may have in an "
+        "epoch (a count, or a percentage of the split) before the job ends naming them; a "
+        "split with no usable sample always ends it", group="data", parse=count_or_percent,
+        metavar="N|P%")
     data_workers: int = option(
         2, "threads preparing (for image formats: decoding and augmenting) batches ahead of "
         "the step, per process", group="data",

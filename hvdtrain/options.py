@@ -26,6 +26,19 @@ def int_list(text: str) -> Tuple[int, ...]:
         raise ValueError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def count_or_percent(text: str) -> str:
+    """``"10"`` (a count) or ``"1.5%"`` (a share of a whole), returned as given once it is
+    known to be one of them and not negative; a percentage is at most 100."""
+    number = text[:-1] if text.endswith("%") else text
+    try:
+        value = float(number) if text.endswith("%") else int(number)
+    except ValueError:
+        raise ValueError(f"expected a count (10) or a percentage (1%), got {text!r}") from None
+    if not 0 <= value <= (100 if text.endswith("%") else math.inf):
+        raise ValueError(f"expected a count >= 0 or a percentage in [0, 100], got {text!r}")
+    return text
+
+
 # A range is (low, high, low_open, high_open); high None: no upper bound.
 POSITIVE = (0, None, True, False)
 NON_NEGATIVE = (0, None, False, False)

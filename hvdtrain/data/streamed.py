@@ -5,7 +5,9 @@
 names. :class:`ImageLoader` turns a sampler's positions into normalised batches, decoding
 and augmenting on `data_workers` threads ahead of the training step. A sample that cannot be
 read or decoded is left out of its batch and counted (``skipped``), so a bad file costs one
-sample, never the job, and every rank still takes the same number of steps.
+sample, never the job, and every rank still takes the same number of steps; a batch whose
+every sample failed is empty. (How many may fail before the job ends is the training
+loop's decision: ``--max-bad-samples``.)
 """
 from __future__ import annotations
 
@@ -142,10 +144,8 @@ class ImageLoader:
                 self.skipped.append(str(err))
                 continue
             kept += 1
-        if kept == 0:
-            # The step must still run (the other ranks wait for its gradients): one
-            # mean-coloured image (zeros after normalisation) stands in for the batch.
-            out[0], kept = 0, 1
+        # Possibly empty: the training step then adds nothing from this rank (and still
+        # takes part in the exchange), and evaluation scores nothing.
         return out[:kept], labels[:kept]
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:

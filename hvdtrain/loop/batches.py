@@ -22,7 +22,9 @@ def split_batch(images, labels, devices, dtype="float32"):
     xs = [x.astype(dtype, copy=False) for x in
           gluon.utils.split_and_load(mx.nd.array(images, dtype=images.dtype), used,
                                      even_split=False)]
-    ys = [y.astype(dtype, copy=False) for y in
+    # Labels stay float32 whatever the images' dtype: float16 holds integers exactly only
+    # up to 2048, and class 2049 would become 2048.
+    ys = [y.astype("float32", copy=False) for y in
           gluon.utils.split_and_load(mx.nd.array(labels, dtype=labels.dtype), used,
                                      even_split=False)]
     return xs, ys, devices[len(used):]

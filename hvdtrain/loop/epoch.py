@@ -2,9 +2,11 @@
 
 One step: split the batch over the worker's devices, forward and backward under autograd,
 ``trainer.step(global batch)``. With ``accumulate`` N > 1, N micro-batches add their
-gradients (``grad_req='add'``) before one ``step`` over all their samples. The store *sums* gradients over workers and ``step`` divides
-by the global batch, so the update uses the gradient averaged over the global batch and
-``--lr`` is the rate for that global batch.
+gradients (``grad_req='add'``) before one ``step`` over all their samples. The store *sums*
+gradients over workers and ``step`` divides by the samples that contributed on all workers
+together (:class:`~hvdtrain.loop.counts.StepCounts`), so the update uses the gradient
+averaged over the global batch, the same divisor on every rank even when a streamed loader
+left an unusable sample out of one rank's batch, and ``--lr`` is the rate for that batch.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from mxnet import autograd, gluon
 
 from . import precision
 from .batches import clear_gradients, split_batch, zero_gradients
+from .counts import StepCounts, check_bad_samples
 from ..store.dist import DistContext
 from .evaluate import tally_batch
 from .guard import FiniteGuard
@@ -40,6 +43,8 @@ class EpochStats:
     seconds: float
     complete: bool = True
     steps: int = 0  # optimizer steps this rank ran in it (this run's part of the epoch)
+
+    skipped: int = 0  # samples left out as unusable, over all ranks (this run's part)
 
     @property
     def samples_per_sec(self) -> float:
@@ -64,6 +69,8 @@ class Loop:
     watchdog: Optional[Watchdog] = None
     label_smoothing: float = 0.0
     accumulate: int = 1  # micro-batches per optimizer step
+    max_bad_samples: str = "1%"  # unusable training samples an epoch may have (--max-bad-samples)
+    train_size: int = 0  # samples of the training split (what the limit is a share of)
     # Elastic training's hook, called as commit(state, "step") after every step but an
     # epoch's last (fit calls it at the epoch's end: see fit).
     commit: Optional[Callable[[TrainState, str], None]] = None
@@ -106,7 +113,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     # Steps of this epoch run before a resume (none in an epoch started afresh).
     per_epoch = loop.steps_per_epoch or steps_left
     done = max(per_epoch - steps_left, 0)
-    ran, steps, step_samples = 0, 0, 0
+    ran, steps, step_used, step_skipped, skipped = 0, 0, 0, 0, 0
+    # A loader that can leave unusable samples out (streamed images) makes batches of
+    # different sizes on different ranks: the step's divisor is then summed over them.
+    counts = StepCounts(dist, exchange=hasattr(loader, "skipped") and dist.synchronous and
+                        dist.num_workers > 1)
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if (batch - 1) % accumulate == 0:  # the first micro-batch of a step
@@ -118,55 +129,65 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             # many workers earlier epochs ran with (a resumed run may have a different count).
             loop.trainer.set_learning_rate(
                 loop.lr_for_step(state.epoch * per_epoch + done + steps))
-        xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
-        with autograd.record():
-            outs = [loop.net(x) for x in xs]
-            losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
-        loop.policy.backward(losses, loop.trainer)
-        for idle_device in idle:  # an epoch's last batch had fewer samples than devices
-            zero_gradients(loop.net, xs[0][:1], idle_device)
-        batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
-        correct += batch_correct
-        loss_sum += batch_loss
+        last_of_step = batch % accumulate == 0 or batch == micro_batches
+        # Positions of the epoch's order this batch consumed (the last batch may be short).
+        positions = min(loader.batch_size, len(loader.sampler) - (batch - 1) * loader.batch_size)
+        step_used += len(labels)
+        step_skipped += positions - len(labels)
+        if last_of_step:  # summed over the workers while this batch computes
+            counts.submit(step_used, step_skipped)
+        if len(labels):
+            batch_loss = _forward_backward(loop, loss_fn, images, labels, device, correct,
+                                           loss_sum)
+            loop.guard.observe(batch_loss, state.step + 1)
+        else:
+            # Every sample of this batch was unusable: this rank adds nothing, but its
+            # gradients must still be fresh zeros, as the step exchanges and checks them.
+            sample = mx.nd.zeros((1,) + images.shape[1:], dtype=loop.policy.input_dtype)
+            for each in loop.devices:
+                zero_gradients(loop.net, sample, each)
         samples += len(labels)
-        step_samples += len(labels)
-        # Positions of the epoch's order consumed, not samples trained on: a streamed
-        # loader leaves unreadable samples out of a batch, and a resume must still start
-        # after them. (Only an epoch's last batch is short, and the epoch then ends.)
+        # Positions of the epoch's order consumed, not samples trained on: a resume must
+        # start after the unusable ones too.
         state.epoch_samples += loader.batch_size * dist.num_workers
         ran = batch
-        loop.guard.observe(batch_loss, state.step + 1)
         if bar is not None:
             bar.update(1)
-        if batch % accumulate and batch != micro_batches:
+        if not last_of_step:
             continue  # more micro-batches add to this step's gradients
+        used, left_out = counts.result()
+        skipped += left_out
         if dist.synchronous:
             # The gradients summed over the step's micro-batches and the workers: the
-            # update averages them over all the samples they came from.
-            loop.trainer.step(step_samples * dist.num_workers)
-        else:
+            # update averages them over all the samples they came from, on every rank.
+            if used:
+                loop.trainer.step(used)
+        elif step_used:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
             # first step: a short last batch is scaled as a full one.
             loop.trainer.step(loader.batch_size)
         if accumulate > 1:
             clear_gradients(loop.net)
-        step_samples = 0
+        step_used, step_skipped = 0, 0
         steps += 1
         state.step += 1
         loop.guard.check(state.step)
+        if left_out:  # the same global figures on every rank: all stop together
+            check_bad_samples("training", skipped, loop.train_size, loop.max_bad_samples,
+                              loader.skipped, state.epoch)
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if loop.commit is not None and batch != micro_batches:
             loop.commit(state, "step")
         if bar is not None:
             if steps % PROGRESS_EVERY == 0:  # reading the loss waits for the device
-                bar.set_postfix(loss=f"{loss_sum.asscalar() / samples:.4f}",
+                bar.set_postfix(loss=f"{loss_sum.asscalar() / max(samples, 1):.4f}",
                                 img_s=f"{samples * dist.num_workers / (time.perf_counter() - start):.0f}")
         elif loop.log_interval and steps % loop.log_interval == 0 and \
                 logger.isEnabledFor(logging.INFO):
             elapsed = time.perf_counter() - start
             logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
-                        done + steps, per_epoch, loss_sum.asscalar() / samples,
+                        done + steps, per_epoch, loss_sum.asscalar() / max(samples, 1),
                         samples * dist.num_workers / elapsed)
     if bar is not None:
         bar.close()
@@ -177,6 +198,25 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     if dist.synchronous:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
+    if skipped and ran == micro_batches:  # a whole pass: was anything usable at all?
+        check_bad_samples("training", skipped, loop.train_size, loop.max_bad_samples,
+                          loader.skipped, state.epoch, used=int(seen))
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
                       samples=int(seen), seconds=seconds, complete=ran == micro_batches,
-                      steps=steps)
+                      steps=steps, skipped=skipped)
+
+
+def _forward_backward(loop: Loop, loss_fn, images, labels, device, correct, loss_sum):
+    """Forward and backward of one (micro-)batch over the worker's devices; adds its
+    correct count and loss sum to the epoch's (on `device`) and returns the loss sum."""
+    xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
+    with autograd.record():
+        outs = [loop.net(x) for x in xs]
+        losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
+    loop.policy.backward(losses, loop.trainer)
+    for idle_device in idle:  # an epoch's last batch had fewer samples than devices
+        zero_gradients(loop.net, xs[0][:1], idle_device)
+    batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
+    correct += batch_correct
+    loss_sum += batch_loss
+    return batch_loss

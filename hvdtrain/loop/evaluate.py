@@ -55,9 +55,15 @@ def top5_correct(outs, ys, device):
     return mx.nd.add_n(*hits)
 
 
+def predicted_classes(out):
+    """The class each row of `out` scores highest, as float32: a float16 argmax would
+    round class indices above 2048 (2049 becomes 2048)."""
+    return out.astype("float32", copy=False).argmax(axis=1)
+
+
 def tally_batch(outs, ys, losses, device):
-    correct = mx.nd.add_n(*[(o.argmax(axis=1) == y).sum().astype("float32").as_in_context(device)
-                            for o, y in zip(outs, ys)])
+    correct = mx.nd.add_n(*[(predicted_classes(o) == y).sum().astype("float32")
+                            .as_in_context(device) for o, y in zip(outs, ys)])
     loss_sum = mx.nd.add_n(*[l.sum().astype("float32").as_in_context(device) for l in losses])
     return correct, loss_sum
 
@@ -72,9 +78,10 @@ def evaluate(net, loader, devices, dist: DistContext, dtype: str = "float32",
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     totals = mx.nd.zeros(4, ctx=devices[0])
     for batch, (images, labels) in enumerate(loader, 1):
-        correct, loss_sum, top5 = score_batch(net, loss_fn, images, labels, devices, dtype)
-        totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
-                               loss_sum, top5, dim=0)
+        if len(labels):  # empty when every sample of the batch was unusable
+            correct, loss_sum, top5 = score_batch(net, loss_fn, images, labels, devices, dtype)
+            totals += mx.nd.concat(correct, mx.nd.array([len(labels)], ctx=devices[0]),
+                                   loss_sum, top5, dim=0)
         if on_batch is not None:
             on_batch(batch)
     if dist.synchronous:

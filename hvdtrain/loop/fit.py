@@ -21,6 +21,7 @@ from ..config import TrainConfig
 from ..data.datasets import Dataset
 from ..store.dist import DistContext
 from .build import build_loaders
+from .counts import check_bad_samples
 from .epoch import Loop, train_epoch
 from ..state.train_state import TrainState
 from .evaluate import evaluate
@@ -37,8 +38,10 @@ logger = logging.getLogger("hvdtrain")
 def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
     """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
     as the metrics record's fields; rank 0 warns once with the totals (each rank has already
-    named its own bad samples, one warning each)."""
-    mine = [len(getattr(loader, "skipped", ())) for loader in (train_loader, test_loader)]
+    named its own bad samples, one warning each). In-memory loaders leave none out."""
+    if not hasattr(train_loader, "skipped"):
+        return dict(skipped_train_samples=0, skipped_val_samples=0)
+    mine = [len(loader.skipped) for loader in (train_loader, test_loader)]
     if dist.synchronous:
         mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
     train, val = (int(n) for n in mine)
@@ -75,7 +78,9 @@ class Outputs:
 
 def _figures(stats, result, trainer, dist: DistContext, batch_size: int) -> dict:
     """What an epoch's record and a stop's record both say about the training measured."""
+    # The sample counts over all ranks, so that a reader can check each epoch's coverage.
     return dict(train_loss=stats.loss, train_acc=stats.accuracy, test_acc=result.accuracy,
+                train_samples=stats.samples, test_samples=int(result.count),
                 test_top5=result.top5, test_loss=result.loss,
                 samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
                 lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size)
@@ -165,7 +170,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
-                cfg.accumulate, commit)
+                cfg.accumulate, cfg.max_bad_samples, data.num_train, commit)
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -195,8 +200,11 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
                           on_batch=None if watchdog is None else
                           lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
-        skipped = count_skipped(train_loader, test_loader, dist, epoch) \
-            if data.streamed else {}
+        skipped = count_skipped(train_loader, test_loader, dist, epoch)
+        if skipped["skipped_val_samples"] or not result.count:
+            check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
+                              cfg.max_bad_samples, getattr(test_loader, "skipped", []), epoch,
+                              used=int(result.count))
         if not stats.complete:
             stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
                                             data.num_train, dist, watchdog, cfg.batch_size,

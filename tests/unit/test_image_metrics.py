@@ -25,10 +25,12 @@ def test_train_and_val_skips_are_counted_apart_and_a_stop_records_what_an_epoch_
         with open(os.path.join(val_dir, name), "wb") as out:
             out.write(b"\xff\xd8 not a jpeg")
     run_dir = str(tmp_path / "run")
+    num_val = sum(len(files) for _, _, files in os.walk(os.path.join(bad_folder, "val")))
     # 480 training images at batch 64: 8 steps an epoch; --max-steps 10 stops in epoch 2.
+    # Three bad samples are more than the default limit (1% of a split) allows.
     code, lines = main_in_process(["--dataset", "imagefolder", "--data-dir", bad_folder,
                                    *ARGS, "--epochs", "2", "--max-steps", "10",
-                                   "--output-dir", run_dir], capfd)
+                                   "--max-bad-samples", "2", "--output-dir", run_dir], capfd)
     assert code == 0, lines
     records = _records(run_dir)
     epoch = [r for r in records if r["event"] == "epoch"]
@@ -38,6 +40,10 @@ def test_train_and_val_skips_are_counted_apart_and_a_stop_records_what_an_epoch_
     # validation images in each evaluation.
     assert epoch[0]["skipped_train_samples"] == 1 and epoch[0]["skipped_val_samples"] == 2
     assert stop[0]["skipped_val_samples"] == 2
+    # The counts a reader checks coverage with: every usable sample once.
+    assert epoch[0]["train_samples"] == 480 - 1, epoch[0]
+    assert epoch[0]["test_samples"] == stop[0]["test_samples"] == num_val - 2
+    assert stop[0]["train_samples"] == 2 * 64  # steps 9 and 10, in epoch 2
     missing = set(epoch[0]) - set(stop[0]) - {"event", "time"}
     assert not missing, missing
     assert stop[0]["num_workers"] == 1 and stop[0]["batch_size"] == 64
