@@ -10,6 +10,7 @@ two-rank run and its two independent processes. Then the same comparison on a sh
 (scripts/bench_link.py: 2 ranks in a private network namespace, Gloo over a rate-limited
 loopback; skipped, saying why, where ``unshare -n``/``tc`` are unavailable): the plain loop,
 hvdtrain, --fp16-allreduce, --accumulate 4 and both. Then an allreduce microbenchmark, the
+cost of exchanging each step's sample count (scripts/bench_step_counts.py), the
 input-pipeline and memory rows of scripts/bench_images.py, and resnet50_v1 on 2 ranks from
 RecordIO against synthetic input (scripts/bench_input_bound.py). Prints
 one table and writes it as JSON (--json, default runs/bench.json).
@@ -165,6 +166,10 @@ def main():
     for size, store_bw, raw_bw in results.allreduce:
         print(f"  {size / 2**20:7.2f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
               f"ratio {store_bw / raw_bw:.2f}")
+    print("\neach step's sample count exchanged (scripts/bench_step_counts.py):")
+    for row in results.counts:
+        print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in row.items()))
     print("\ninput pipeline and memory (scripts/bench_images.py, bench_input_bound.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
@@ -201,6 +206,10 @@ def measure_all(args, tmp, runs, results):
     micro = runs.collect([runs.start(horovodrun(2) + [
         sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     results.allreduce = [r for r in micro if r["rank"] == 0][0]["results"]
+    # What keeps every rank's divisor the same: each step's sample count exchanged.
+    counts = runs.collect([runs.start(horovodrun(2) + [
+        sys.executable, os.path.join(HERE, "bench_step_counts.py")])])
+    results.counts = [r for r in counts if r["rank"] == 0][0]["rows"]
     # Input pipeline (decode + ImageNet transforms at 224) against ImageRecordIter, and
     # peak RSS for a pack 10x larger than another (targets in docs/data.md).
     images = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_images.py"),

@@ -166,6 +166,7 @@ class Results:
         self.rows = []
         self.allreduce = None
         self.images = []  # the input-pipeline rows (scripts/bench_images.py)
+        self.counts = []  # the count exchange's cost (scripts/bench_step_counts.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
 
@@ -196,7 +197,7 @@ class Results:
         try:
             with open(temporary, "w") as out:
                 json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
-                               images=self.images, complete=complete), out, indent=1)
+                               counts=self.counts, images=self.images, complete=complete), out, indent=1)
             os.replace(temporary, self.path)
         finally:
             if os.path.exists(temporary):

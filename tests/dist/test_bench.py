@@ -251,3 +251,17 @@ def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
     assert both["accumulate"] == 4
     # One exchange per 4 micro-batches, of half the bytes: 1/8 of the defaults' per sample.
     assert both["bytes_per_sample"] == pytest.approx(default["bytes_per_sample"] / 8, rel=0.05)
+
+
+def test_count_exchange_row_times_both_sides_of_the_same_loop(tmp_path):
+    prefix = str(tmp_path / "counts")
+    proc = run_command(launcher("horovodrun") + [
+        sys.executable, os.path.join(REPO, "scripts", "bench_step_counts.py"), "--out", prefix,
+        "--model", "simple_cnn", "--image-size", "8", "--steps", "3", "--rounds", "1"],
+        timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = [json.load(open(p))["rows"][0] for p in sorted(glob.glob(prefix + ".rank*.json"))]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["step_ms_without"] > 0 and row["step_ms_with"] > 0, row
+        assert 0 < row["exchange_alone_ms"] < 1000, row
