@@ -4,7 +4,8 @@ Importing the package registers the ``horovod`` KVStore with MXNet; it does not 
 Horovod (that happens when a store is created).
 """
 from .config import ConfigError, TrainConfig
-from .data.datasets import Dataset, load_dataset
+from .data.datasets import Dataset
+from .data.load import load_dataset
 from .store.dist import DistContext, select_devices
 from .loop.evaluate import EvalResult, evaluate
 from .store.buckets import BucketedTrainer

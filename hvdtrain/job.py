@@ -22,7 +22,8 @@ from .loop import precision
 from .state.checkpoint import Checkpointer, save_params
 from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
-from .data.datasets import check_dataset, load_dataset
+from .data.datasets import check_dataset
+from .data.load import load_dataset
 from .store.dist import DistContext, select_devices, share_cpu_threads
 from .store.kvstore import create_store
 from .runtime.lifeline import LauncherWatch, launcher_chain

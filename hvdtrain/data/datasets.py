@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..config import ConfigError
+from .errors import DatasetError
 
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILE = "test_batch.bin"
@@ -21,10 +21,6 @@ CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
 CIFAR_SOURCE = ("download the binary version (cifar-10-binary.tar.gz) from "
                 "https://www.cs.toronto.edu/~kriz/cifar.html and extract it there")
-
-
-class DatasetError(ConfigError):
-    """A dataset that cannot be read; the message is one line for the user."""
 
 
 @dataclass
@@ -57,21 +53,6 @@ class Dataset:
     @property
     def num_test(self) -> int:
         return len(self.test_y)
-
-
-def load_dataset(name: str, data_dir: Optional[str] = None, image_size: Optional[int] = None):
-    """Load dataset `name` ('cifar10', 'digits' or 'synthetic'), or open the image folder
-    or RecordIO pack in `data_dir` ('imagefolder', 'recordio'; images at `image_size`).
-    `image_size` also sets the side of synthetic's random images (default 32)."""
-    if name in ("imagefolder", "recordio"):
-        from .streamed import load_images
-        return load_images(name, data_dir, image_size)
-    check_dataset(name, data_dir)
-    if name == "cifar10":
-        return load_cifar10(data_dir)
-    if name == "digits":
-        return load_digits()
-    return make_synthetic(image_size=image_size or SYNTHETIC_SIZE)
 
 
 def check_dataset(name: str, data_dir: Optional[str] = None) -> None:

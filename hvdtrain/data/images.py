@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .datasets import DatasetError
+from .errors import BadSample, DatasetError
 from .paths import check_folder, class_names, entry_is, scan
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -34,10 +34,6 @@ def record_head(head: bytes) -> Tuple[int, int, int]:
     magic, word = RECORD_HEAD.unpack_from(head)
     return magic, word >> 29, word & ((1 << 29) - 1)
 IR_HEADER = struct.Struct("<IfQQ")  # MXNet's IRHeader: flag, label, id, id2
-
-
-class BadSample(Exception):
-    """One sample that cannot be read or decoded; the message names it."""
 
 
 class FolderSplit:

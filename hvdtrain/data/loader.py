@@ -83,14 +83,15 @@ class BatchLoader:
     def __len__(self) -> int:
         return -(-len(self.sampler) // self.batch_size)
 
-    def _make_batch(self, number: int, index: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _make_batch(self, number: int, index: np.ndarray) \
+            -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         images = self.images[index]
         if self.augment:
             epoch = getattr(self.sampler, "epoch", 0)
             part = getattr(self.sampler, "part_index", 0)
             rng = np.random.default_rng([self.seed, epoch, part, number])
             images = random_crop_flip(images, rng)
-        return normalize(images, self.mean, self.std), self.labels[index]
+        return normalize(images, self.mean, self.std), self.labels[index], index
 
     def first_batch(self) -> int:
         """Number of this epoch's first batch: batches a resumed epoch already ran (the
@@ -99,6 +100,12 @@ class BatchLoader:
         return processed // (self.batch_size * getattr(self.sampler, "num_parts", 1))
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        for images, labels, _ in self.batches():
+            yield images, labels
+
+    def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``(images, labels, positions)`` batches: `positions` are the samples' indices
+        in the split."""
         order = np.fromiter(self.sampler, dtype=np.int64, count=len(self.sampler))
         chunks = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         first = self.first_batch()

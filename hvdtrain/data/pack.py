@@ -21,8 +21,8 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
-from .datasets import DatasetError
-from .images import SPLITS, BadSample, open_folder
+from .errors import BadSample, DatasetError
+from .images import SPLITS, open_folder
 from .paths import check_folder
 from .transforms import decodes
 

@@ -14,8 +14,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .datasets import DatasetError
-from .images import (BadSample, IR_HEADER, RECORD_HEAD, RECORD_MAGIC, RecordSplit,
+from .errors import BadSample, DatasetError
+from .images import (IR_HEADER, RECORD_HEAD, RECORD_MAGIC, RecordSplit,
                      record_classes, record_head)
 
 logger = logging.getLogger("hvdtrain")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from .datasets import DatasetError
+from .errors import DatasetError
 
 
 def scan(folder: str) -> List[os.DirEntry]:

@@ -1,6 +1,6 @@
 """Datasets read from disk as they are trained on, and the loader that decodes them.
 
-:class:`ImageDataset` is what :func:`hvdtrain.data.datasets.load_dataset` returns for
+:class:`ImageDataset` is what :func:`hvdtrain.data.load.load_dataset` returns for
 ``imagefolder`` and ``recordio``: two splits that read one sample by position, and the class
 names. :class:`ImageLoader` turns a sampler's positions into normalised batches, decoding
 and augmenting on `data_workers` threads ahead of the training step. A sample that cannot be
@@ -21,7 +21,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from . import images
-from .datasets import DatasetError
+from .errors import BadSample, DatasetError
 from .pack_labels import record_class_names
 from .paths import check_folder
 from .transforms import Augment, check_jpeg_codec, eval_transform, train_transform
@@ -131,24 +131,33 @@ class ImageLoader:
                                     self.augment, out=out), label)
         return eval_transform(encoded, self.image_size, what, self.dtype, out=out), label
 
-    def _make_batch(self, index: np.ndarray, epoch: int) -> Tuple[np.ndarray, np.ndarray]:
+    def _make_batch(self, index: np.ndarray, epoch: int) \
+            -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         # Each image is written straight into its slot of the preallocated batch.
         out = np.empty((len(index),) + (3, self.image_size, self.image_size), self.dtype)
         labels = np.empty(len(index), np.int32)
+        used = np.empty(len(index), np.int64)
         kept = 0
         for position in index:
             try:
                 _, labels[kept] = self.sample(int(position), epoch, out=out[kept])
-            except images.BadSample as err:
+            except BadSample as err:
                 logger.warning("skipped a sample that cannot be used: %s", err)
                 self.skipped.append(str(err))
                 continue
+            used[kept] = position
             kept += 1
         # Possibly empty: the training step then adds nothing from this rank (and still
         # takes part in the exchange), and evaluation scores nothing.
-        return out[:kept], labels[:kept]
+        return out[:kept], labels[:kept], used[:kept]
 
     def __iter__(self) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
+        for batch_images, labels, _ in self.batches():
+            yield batch_images, labels
+
+    def batches(self) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``(images, labels, positions)`` batches: `positions` says which samples of the
+        split the images are (those left out are not among them)."""
         self.skipped = []
         epoch = getattr(self.sampler, "epoch", 0)
         order = np.fromiter(self.sampler, dtype=np.int64, count=len(self.sampler))

@@ -30,7 +30,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .images import BadSample
+from .errors import BadSample, DatasetError
 
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
@@ -175,7 +175,6 @@ def jpeg_decoder() -> str:
             continue
         if np.abs(decoded.astype(int) - pixels).max() <= 8:
             return name
-    from .datasets import DatasetError
     raise DatasetError("neither Pillow nor OpenCV can decode JPEGs in this process: "
                        "reinstall them (scripts/install-deps.sh)")
 

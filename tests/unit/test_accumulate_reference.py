@@ -22,7 +22,7 @@ from helpers import assert_arrays_close
 
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
-from hvdtrain.data.datasets import load_dataset
+from hvdtrain.data.load import load_dataset
 from hvdtrain.models import build_model
 
 ONE = [mx.cpu(0)]

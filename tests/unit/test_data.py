@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from hvdtrain.data.datasets import (CIFAR_RECORD, DatasetError, digits_arrays, load_cifar10,
-                                   load_dataset, load_digits, SYNTHETIC_BYTES, make_synthetic,
+                                   load_digits, SYNTHETIC_BYTES, make_synthetic,
                                    write_cifar_files)
+from hvdtrain.data.load import load_dataset
 from hvdtrain.data.loader import BatchLoader, normalize, random_crop_flip
 from hvdtrain.data.sampler import SplitSampler
 

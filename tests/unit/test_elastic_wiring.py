@@ -129,7 +129,7 @@ def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
     optimizer step but an epoch's last, and at each epoch's end before and after its
     outputs (metrics record, checkpoint)."""
     from hvdtrain.loop.fit import Outputs, fit
-    from hvdtrain.data.datasets import load_dataset
+    from hvdtrain.data.load import load_dataset
     from hvdtrain.loop.build import build_trainer, initialize
     from hvdtrain.models import build_model
     from hvdtrain.report.log import MetricsWriter

@@ -298,7 +298,7 @@ def test_jpeg_size_read_from_the_frame_header_equals_pillows(tmp_path):
     import io
     from PIL import Image
     from hvdtrain.data import transforms as T
-    from hvdtrain.data.images import BadSample
+    from hvdtrain.data.errors import BadSample
     rng = np.random.default_rng(0)
     exif = Image.Exif()
     exif[0x0112] = 6  # orientation: a real APP1 segment before the frame

@@ -109,6 +109,56 @@ def test_config_is_standard_library_only(name):
     assert not wrong
 
 
+def _cycle(graph):
+    """One circle of imports in `graph` ({module: modules it imports}) as a list that starts
+    and ends with the same module, or None."""
+    state, path = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _package_graph(package):
+    """{module of `package`: the modules of the same package it imports (anywhere in it)}."""
+    members = {d for _, d in ALL if d.rsplit(".", 1)[0] == package}
+    return {dotted: {t for t in _imports(path, dotted) if t in members and t != dotted}
+            for path, dotted in ALL if dotted in members}
+
+
+PACKAGES = sorted({d.rsplit(".", 1)[0] for _, d in ALL})
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_itself_in_a_circle(package):
+    """Inside a package, modules read bottom-up too: no circle, even through an import
+    placed inside a function to get around one."""
+    circle = _cycle(_package_graph(package))
+    assert circle is None, f"{package} imports in a circle: {' -> '.join(circle)}"
+
+
+def test_the_circle_check_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
 def test_the_rule_catches_an_upward_import(tmp_path):
     """The checker itself: a store module importing the loop is reported."""
     bad = tmp_path / "bad.py"
