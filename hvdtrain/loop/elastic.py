@@ -15,6 +15,10 @@ What one commit holds:
 - the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
   of the epoch already trained), plus any plain values passed as keywords.
 
+A restore and a sync also zero every gradient (in place: the buckets hold them as views):
+a commit is taken between steps, where none is pending, and the undone attempt's
+micro-batches must not reach the next step's update.
+
 The spike in ``docs/elastic.md`` showed that writing the restored values into the existing
 arrays is enough after a failed allreduce: the engine's error is raised once (by
 ``mx.nd.waitall()``) and the arrays take new values afterwards.
@@ -32,8 +36,9 @@ from ..runtime.elastic_run import collective_errors
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
 from ..store.broadcast import broadcast_object
-from ..store.gluon_internals import (optimizer_states, params_by_place, set_optimizer_states,
-                                     skip_first_step_broadcast, store_of, updates_on_store)
+from ..store.gluon_internals import (discard_gradients, optimizer_states, params_by_place,
+                                     set_optimizer_states, skip_first_step_broadcast, store_of,
+                                     updates_on_store)
 
 # Every rank must name a broadcast alike (ranks that pass different names wait on each other
 # for ever): the name is built from what is sent, the same on every rank.
@@ -112,7 +117,8 @@ class GluonState(ObjectState):
         super().save()
 
     def restore(self):
-        """Put the last commit back, undoing every step since."""
+        """Put the last commit back, undoing every step since (and every gradient of the
+        step under way)."""
         self._load_model(self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
                          self._saved_position)
         super().restore()
@@ -152,6 +158,10 @@ class GluonState(ObjectState):
             raise ValueError(f"elastic state does not match the net: {missing[:3]}")
         for name, p in params.items():
             p.set_data(mx.nd.array(arrays[name], dtype=arrays[name].dtype))
+        # A commit is taken between steps, where no gradient is pending. The undone attempt
+        # may have left micro-batches summed (grad_req='add'), possibly half reduced, and
+        # neither backward nor the epoch would ever zero them: the first step would add them.
+        discard_gradients(params.values())
         set_optimizer_states(self.trainer, optimizer)
         restore_loss_scale(self.trainer, loss_scale)
         self.position = dataclasses.replace(position)
