@@ -32,7 +32,7 @@ import mxnet as mx
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from ..runtime.elastic_run import collective_errors
+from ..runtime.elastic_run import collective_errors, drain_engine
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
 from ..store.broadcast import broadcast_object
@@ -119,6 +119,9 @@ class GluonState(ObjectState):
     def restore(self):
         """Put the last commit back, undoing every step since (and every gradient of the
         step under way)."""
+        # Horovod's run_fn restores before its reset drains the engine, and the engine
+        # skips writes to arrays a failed collective left marked: drain first.
+        drain_engine()
         self._load_model(self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
                          self._saved_position)
         super().restore()

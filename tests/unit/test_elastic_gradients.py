@@ -15,6 +15,7 @@ from horovod.common.exceptions import HorovodInternalError
 from mxnet import autograd, gluon
 
 from hvdtrain.loop.elastic import GluonState
+from hvdtrain.runtime.elastic_run import drain_engine
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.buckets import BucketedTrainer
 from hvdtrain.store.gluon_internals import set_up_store
@@ -124,3 +125,44 @@ def test_a_rollback_mid_accumulation_trains_as_a_run_that_never_failed(kind):
         # the static graph's own arrays were in play, as the case intends.
         assert trainer.replans == 0 and trainer.buckets
         assert (trainer.copied_gradients > 0) == (kind == "buckets, static graph")
+
+
+def test_a_rollback_writes_back_arrays_a_failed_collective_left_marked():
+    """Two collectives fail; the wait that raises the first (turned into the rollback)
+    leaves the second's failure on the gradient it should have reduced and on the weight its
+    update read it into. MXNet's engine skips writes to such arrays until it is drained, so
+    the restore that Horovod's run_fn calls before the reset must drain it first, or the
+    sync after the reset commits the failed attempt's weight as rank 0's state."""
+    net = build_net()
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": 0.1, "momentum": 0.9}, kvstore=None)
+    state = GluonState(net, trainer, TrainState(), bcast_object=lambda obj, name: obj,
+                       get_rank=lambda: 0)
+    failed = []
+
+    def train(state):
+        while state.position.step < STEPS:
+            step = state.position.step
+            for k in range(ACCUMULATE):
+                backward(net, step, k)
+            if step == FAIL_AT[0] and not failed:  # a step after the last commit
+                # The second failed allreduce: an engine operation that fails writing the
+                # gradient (a negative scale), queued like Horovod's, never waited for.
+                grad = net[0].weight.grad()
+                mx.nd.random.normal(0, -1, shape=grad.shape, out=grad)
+                trainer.step(ACCUMULATE * BATCH)  # its update is skipped: weight marked
+                failed.append(step)
+                raise HorovodInternalError("the first failed allreduce, raised by a wait")
+            trainer.step(ACCUMULATE * BATCH)
+            net.collect_params().zero_grad()
+            state.position.step += 1
+            if state.position.step % COMMIT_EVERY == 0:
+                state.commit()
+
+    run_fn(train, reset=drain_engine)(state)  # the real reset less Horovod's restart
+    assert failed == [FAIL_AT[0]] and state.position.step == STEPS
+    reference = reference_arrays()
+    got = arrays(net)
+    for name in reference:
+        np.testing.assert_allclose(got[name], reference[name], rtol=1e-6, atol=1e-6,
+                                   err_msg=name)
