@@ -99,7 +99,7 @@ class GluonState(ObjectState):
         self.position = dataclasses.replace(position) if position else TrainState()
         self._bcast = bcast_object or _horovod_bcast
         self._saved_arrays: Dict[str, np.ndarray] = {}
-        self._saved_optimizer: bytes = b""
+        self._saved_optimizer = b""  # bytes, or a uint8 array of them after a sync
         self._saved_loss_scale: dict = {}
         self._saved_position = TrainState()
         self._save_model()
@@ -131,11 +131,19 @@ class GluonState(ObjectState):
 
         Rank 0 first commits what it holds (after :meth:`restore` that is its last commit;
         at the start it is the initial state), so a worker that joins takes over the running
-        job's parameters, optimizer and position."""
-        self._save_model()
-        saved = self._bcast((self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
-                             dataclasses.asdict(self._saved_position)),
-                            _BCAST_NAME.format("model"))
+        job's parameters, optimizer and position. The other ranks send nothing (their
+        side of the broadcast is ignored), and copy nothing before they receive: a sync
+        adds about one copy of the state on any rank (rank 0's fresh commit, or what the
+        others receive), plus a few chunks of the broadcast."""
+        sent = None
+        if self._rank() == 0:
+            self._save_model()
+            # The optimizer's blob goes as a uint8 array, a view of the bytes: the broadcast
+            # then sends it from where it lies and a receiver keeps it where it arrived, as
+            # the net's arrays (as bytes it was copied once more on either side).
+            sent = (self._saved_arrays, np.frombuffer(self._saved_optimizer, dtype=np.uint8),
+                    self._saved_loss_scale, dataclasses.asdict(self._saved_position))
+        saved = self._bcast(sent, _BCAST_NAME.format("model"))
         arrays, optimizer, loss_scale, position = saved
         skip_first_step_broadcast(self.trainer)
         self._saved_arrays, self._saved_optimizer = arrays, optimizer
@@ -160,6 +168,9 @@ class GluonState(ObjectState):
         if missing:
             raise ValueError(f"elastic state does not match the net: {missing[:3]}")
         for name, p in params.items():
+            # Through an NDArray, not from NumPy straight (``arr[:] = numpy``): that
+            # synchronous copy fails on a weight MKL-DNN holds in its own layout ("We can't
+            # generate TBlob for MKLDNN data", a convolution after its first step).
             p.set_data(mx.nd.array(arrays[name], dtype=arrays[name].dtype))
         # A commit is taken between steps, where no gradient is pending. The undone attempt
         # may have left micro-batches summed (grad_req='add'), possibly half reduced, and
