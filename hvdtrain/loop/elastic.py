@@ -15,6 +15,10 @@ What one commit holds:
 - the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
   of the epoch already trained), plus any plain values passed as keywords.
 
+A restore and a sync also zero every gradient (in place: the buckets hold them as views):
+a commit is taken between steps, where none is pending, and the undone attempt's
+micro-batches must not reach the next step's update.
+
 The spike in ``docs/elastic.md`` showed that writing the restored values into the existing
 arrays is enough after a failed allreduce: the engine's error is raised once (by
 ``mx.nd.waitall()``) and the arrays take new values afterwards.
@@ -28,12 +32,13 @@ import mxnet as mx
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from ..runtime.elastic_run import collective_errors
+from ..runtime.elastic_run import collective_errors, drain_engine
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
 from ..store.broadcast import broadcast_object
-from ..store.gluon_internals import (optimizer_states, params_by_place, set_optimizer_states,
-                                     skip_first_step_broadcast, store_of, updates_on_store)
+from ..store.gluon_internals import (discard_gradients, optimizer_states, params_by_place,
+                                     set_optimizer_states, skip_first_step_broadcast, store_of,
+                                     updates_on_store)
 
 # Every rank must name a broadcast alike (ranks that pass different names wait on each other
 # for ever): the name is built from what is sent, the same on every rank.
@@ -94,7 +99,7 @@ class GluonState(ObjectState):
         self.position = dataclasses.replace(position) if position else TrainState()
         self._bcast = bcast_object or _horovod_bcast
         self._saved_arrays: Dict[str, np.ndarray] = {}
-        self._saved_optimizer: bytes = b""
+        self._saved_optimizer = b""  # bytes, or a uint8 array of them after a sync
         self._saved_loss_scale: dict = {}
         self._saved_position = TrainState()
         self._save_model()
@@ -112,7 +117,11 @@ class GluonState(ObjectState):
         super().save()
 
     def restore(self):
-        """Put the last commit back, undoing every step since."""
+        """Put the last commit back, undoing every step since (and every gradient of the
+        step under way)."""
+        # Horovod's run_fn restores before its reset drains the engine, and the engine
+        # skips writes to arrays a failed collective left marked: drain first.
+        drain_engine()
         self._load_model(self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
                          self._saved_position)
         super().restore()
@@ -122,11 +131,19 @@ class GluonState(ObjectState):
 
         Rank 0 first commits what it holds (after :meth:`restore` that is its last commit;
         at the start it is the initial state), so a worker that joins takes over the running
-        job's parameters, optimizer and position."""
-        self._save_model()
-        saved = self._bcast((self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
-                             dataclasses.asdict(self._saved_position)),
-                            _BCAST_NAME.format("model"))
+        job's parameters, optimizer and position. The other ranks send nothing (their
+        side of the broadcast is ignored), and copy nothing before they receive: a sync
+        adds about one copy of the state on any rank (rank 0's fresh commit, or what the
+        others receive), plus a few chunks of the broadcast."""
+        sent = None
+        if self._rank() == 0:
+            self._save_model()
+            # The optimizer's blob goes as a uint8 array, a view of the bytes: the broadcast
+            # then sends it from where it lies and a receiver keeps it where it arrived, as
+            # the net's arrays (as bytes it was copied once more on either side).
+            sent = (self._saved_arrays, np.frombuffer(self._saved_optimizer, dtype=np.uint8),
+                    self._saved_loss_scale, dataclasses.asdict(self._saved_position))
+        saved = self._bcast(sent, _BCAST_NAME.format("model"))
         arrays, optimizer, loss_scale, position = saved
         skip_first_step_broadcast(self.trainer)
         self._saved_arrays, self._saved_optimizer = arrays, optimizer
@@ -151,7 +168,14 @@ class GluonState(ObjectState):
         if missing:
             raise ValueError(f"elastic state does not match the net: {missing[:3]}")
         for name, p in params.items():
+            # Through an NDArray, not from NumPy straight (``arr[:] = numpy``): that
+            # synchronous copy fails on a weight MKL-DNN holds in its own layout ("We can't
+            # generate TBlob for MKLDNN data", a convolution after its first step).
             p.set_data(mx.nd.array(arrays[name], dtype=arrays[name].dtype))
+        # A commit is taken between steps, where no gradient is pending. The undone attempt
+        # may have left micro-batches summed (grad_req='add'), possibly half reduced, and
+        # neither backward nor the epoch would ever zero them: the first step would add them.
+        discard_gradients(params.values())
         set_optimizer_states(self.trainer, optimizer)
         restore_loss_scale(self.trainer, loss_scale)
         self.position = dataclasses.replace(position)

@@ -58,13 +58,25 @@ def collective_errors():
         raise HorovodInternalError(str(err).splitlines()[0]) from err
 
 
+def drain_engine():
+    """Wait until MXNet's engine has run (or skipped) everything queued, and clear the
+    errors it holds: the failed collectives', raised once more here, are logged.
+
+    Until then an array that a failed operation should have written (a gradient whose
+    allreduce failed, the weights of the update that read it) keeps that failure, and the
+    engine skips every later write to it: a rollback writing the commit back before the
+    drain would leave such arrays as the failed attempt left them. The first error raised
+    clears only its own failure; others stay until ``waitall``."""
+    try:
+        mx.nd.waitall()
+    except mx.base.MXNetError as err:
+        log.warning("elastic reset: %s", str(err).splitlines()[0])
+
+
 def reset():
     """Drain MXNet's engine, then restart Horovod on the workers the driver now names."""
     import horovod.mxnet as hvd
-    try:
-        mx.nd.waitall()
-    except mx.base.MXNetError as err:  # the failed collective's error, raised once more
-        log.warning("elastic reset: %s", str(err).splitlines()[0])
+    drain_engine()
     hvd.shutdown()
     hvd.init()
 

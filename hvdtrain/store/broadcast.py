@@ -26,11 +26,15 @@ after an elastic reset and at an elastic commit, never in a step.
 from __future__ import annotations
 
 import pickle
+from typing import Iterator, List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
 
 ROOT_RANK = 0
+# Bytes per collective of broadcast_object: far below the 2**31 elements an NDArray of this
+# MXNet build can hold, and large enough that a chunk's latency is small beside its transfer.
+CHUNK_BYTES = 64 * 2 ** 20
 
 
 def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0) -> mx.nd.NDArray:
@@ -60,8 +64,17 @@ def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0) -> mx.nd
     return array
 
 
-def broadcast_object(hvd, obj, name: str):
-    """Rank 0's `obj` on every rank: pickled, then sent as bytes by :func:`broadcast_`.
+def broadcast_object(hvd, obj, name: str, chunk_bytes: int = CHUNK_BYTES):
+    """Rank 0's `obj` on every rank: pickled, then sent in chunks by :func:`broadcast_`.
+
+    The object is pickled with protocol 5: contiguous NumPy arrays (and other buffers) stay
+    out of the pickle and are sent from their own memory; every other rank receives each
+    into one buffer of its own, which the unpickled array then uses, without a copy. The
+    bytes travel as one stream of chunks of at most `chunk_bytes`, each through one
+    preallocated array. So no collective exceeds `chunk_bytes` (this MXNet build has no
+    64-bit tensor sizes: one array of the whole state failed above 2**31 bytes), rank 0
+    holds little beyond `obj` and the pickle of what is not an array, and another rank little
+    beyond what it receives.
 
     Parameters
     ----------
@@ -70,23 +83,91 @@ def broadcast_object(hvd, obj, name: str):
     obj : object
         What rank 0 sends; other ranks may pass anything (it is ignored).
     name : str
-        Names the two collectives (the size, then the bytes); the same on every rank.
+        Names the collectives (``.size``, ``.sizes`` when there are arrays, then
+        ``.bytes.0``, ``.bytes.1``, ...); the same on every rank.
+    chunk_bytes : int, optional
+        Bytes of each collective; the same on every rank.
 
     Returns
     -------
     object
-        `obj` itself on rank 0, a copy of rank 0's `obj` elsewhere. Both collectives have
+        `obj` itself on rank 0, a copy of rank 0's `obj` elsewhere. Every collective has
         completed on this rank when it returns.
     """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     root = hvd.rank() == ROOT_RANK
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if root else b""
-    size = mx.nd.array([len(payload)], dtype="int64")
-    broadcast_(hvd, size, f"{name}.size")
-    nbytes = int(size.asscalar())
     if root:
-        data = mx.nd.array(np.frombuffer(payload, dtype=np.uint8), dtype="uint8")
+        buffers: List[pickle.PickleBuffer] = []
+        head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+        # raw() never copies: NumPy hands out only contiguous arrays out of band.
+        segments = [memoryview(head)] + [buffer.raw() for buffer in buffers]
+        lengths = _broadcast_lengths(hvd, [len(segment) for segment in segments], name)
     else:
-        data = mx.nd.empty((nbytes,), dtype="uint8")  # broadcast_ zeroes it
-    broadcast_(hvd, data, f"{name}.bytes")
-    received = data.asnumpy()  # waits for the collective on every rank, rank 0's too
-    return obj if root else pickle.loads(received.tobytes())
+        lengths = _broadcast_lengths(hvd, None, name)
+        segments = [memoryview(bytearray(length)) for length in lengths]
+    _stream(hvd, segments, root, name, chunk_bytes)
+    return obj if root else pickle.loads(segments[0], buffers=segments[1:])
+
+
+def _broadcast_lengths(hvd, lengths: Optional[List[int]], name: str) -> List[int]:
+    """Rank 0's segment lengths (the pickle's, then each out-of-band buffer's) everywhere:
+    the pickle's length and the number of buffers first, the buffers' lengths only when
+    there are any (a small object costs one collective here, as before)."""
+    first = mx.nd.array([len(lengths) - 1, lengths[0]] if lengths else [0, 0], dtype="int64")
+    buffers, head = (int(v) for v in broadcast_(hvd, first, f"{name}.size").asnumpy())
+    if not buffers:
+        return [head]
+    rest = mx.nd.array(lengths[1:] if lengths else np.zeros(buffers), dtype="int64")
+    return [head] + [int(v) for v in broadcast_(hvd, rest, f"{name}.sizes").asnumpy()]
+
+
+def _stream(hvd, segments: List[memoryview], root: bool, name: str, chunk_bytes: int):
+    """Send rank 0's `segments` into the other ranks' (same lengths), chunk by chunk.
+
+    Every chunk has the same width (the last is padded), so one NDArray carries them all;
+    each is waited for before the next is written into it."""
+    lengths = [len(segment) for segment in segments]
+    total = sum(lengths)
+    if not total:
+        return
+    wire = mx.nd.empty((min(chunk_bytes, total),), dtype="uint8")
+    staging = np.zeros(wire.shape, dtype=np.uint8) if root else None
+    for index, pieces in enumerate(chunk_plan(lengths, wire.size)):
+        if root:
+            at = 0
+            for segment, start, stop in pieces:
+                staging[at:at + stop - start] = np.frombuffer(segments[segment], np.uint8,
+                                                              stop - start, start)
+                at += stop - start
+            wire[:] = staging  # a synchronous copy: waits for the previous chunk's sum
+        broadcast_(hvd, wire, f"{name}.bytes.{index}")
+        if root:
+            wire.wait_to_read()
+        else:
+            received = wire.asnumpy()  # waits for the sum
+            at = 0
+            for segment, start, stop in pieces:
+                segments[segment][start:stop] = received[at:at + stop - start]
+                at += stop - start
+
+
+def chunk_plan(lengths: List[int], width: int) -> Iterator[List[Tuple[int, int, int]]]:
+    """Cut segments of `lengths` bytes, laid end to end, into chunks of `width` bytes.
+
+    Yields, for each chunk, its pieces ``(segment, start, stop)`` in order; the last chunk
+    may be shorter. Small segments share a chunk, so a state of many small arrays costs
+    few collectives."""
+    pieces, room = [], width
+    for segment, length in enumerate(lengths):
+        start = 0
+        while start < length:
+            stop = start + min(room, length - start)
+            pieces.append((segment, start, stop))
+            room -= stop - start
+            start = stop
+            if not room:
+                yield pieces
+                pieces, room = [], width
+    if pieces:
+        yield pieces

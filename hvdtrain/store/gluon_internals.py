@@ -3,10 +3,11 @@
 Gluon has no public way to set up a Trainer's store before its first step
 (:func:`set_up_store`), to give a parameter a gradient array of the caller's choosing
 (:func:`rehome_gradient`), or to see which array backward will really write a gradient into
-(:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory
-or skip its first-step broadcast (the elastic state: :func:`optimizer_states`,
-:func:`set_optimizer_states`, :func:`skip_first_step_broadcast`). All are needed (the broadcast before the first forward
-pass, zero-copy gradient buckets that stay correct whatever the user does to parameters), so
+(:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory,
+skip its first-step broadcast or discard an undone attempt's gradients (the elastic state:
+:func:`optimizer_states`, :func:`set_optimizer_states`, :func:`skip_first_step_broadcast`,
+:func:`discard_gradients`). All are needed (the broadcast before the first forward pass,
+zero-copy gradient buckets that stay correct whatever the user does to parameters), so
 the private calls live here, behind a version check: a different MXNet fails loudly at
 import instead of training subtly wrong.
 """
@@ -87,6 +88,27 @@ def bound_gradient(param, device: int) -> Optional[mx.nd.NDArray]:
     """The array backward writes the gradient of `param` on its `device`-th context into
     (see :func:`bound_gradient_addresses`)."""
     return param.list_data()[device].grad
+
+
+def discard_gradients(params: Sequence) -> None:
+    """Zero every gradient of `params` in place, wherever backward will write it, and mark
+    it as not written by backward, as it stands after an update: an elastic rollback keeps
+    nothing of the attempt it undoes.
+
+    In place, because the zero-copy buckets (:mod:`hvdtrain.store.buckets`) hold the
+    gradients as views into their flat buffers: new arrays would leave the buckets reducing
+    stale ones. The array a static_alloc graph writes instead of the view
+    (:func:`bound_gradient`) is zeroed too: under ``grad_req='add'`` it holds micro-batches
+    not yet added into the bucket, which the next step would add."""
+    for param in params:
+        if param.grad_req == "null" or param._grad is None:  # pylint: disable=protected-access
+            continue
+        for device, (data, grad) in enumerate(zip(param.list_data(), param.list_grad())):
+            grad[:] = 0
+            bound = bound_gradient(param, device)
+            if bound is not None:
+                bound[:] = 0  # the same memory as `grad` unless a graph writes elsewhere
+            data._fresh_grad = False  # pylint: disable=protected-access
 
 
 def set_up_store(trainer, batch_size: int) -> None:

@@ -138,6 +138,29 @@ def test_sync_makes_rank_zeros_commit_everyones():
     assert_same(arrays(joiner), arrays(leader))
 
 
+def test_only_rank_zero_copies_its_state_for_a_sync():
+    """A sync's other ranks send nothing (their side is ignored): copying their own state
+    first held it once more on them while they received rank 0's (issue 35, defect 9)."""
+    leader, leader_trainer = build(seed=3)
+    joiner, joiner_trainer = build(seed=11)
+    sent = {}
+
+    def from_rank_zero(obj, name):
+        sent.setdefault(name, []).append(obj)
+        return sent[name][0]
+
+    leader_state = GluonState(leader, leader_trainer, bcast_object=from_rank_zero,
+                              get_rank=lambda: 0)
+    joiner_state = GluonState(joiner, joiner_trainer, bcast_object=from_rank_zero,
+                              get_rank=lambda: 1)
+    leader_state.sync()
+    joiner_state.sync()
+    leaders, joiners = sent["hvdtrain.elastic.model"]
+    assert leaders is not None and joiners is None
+    assert joiner_state._saved_arrays is leaders[0]  # pylint: disable=protected-access
+    assert_same(arrays(joiner), arrays(leader))
+
+
 def test_a_trainer_that_updates_on_the_store_is_refused():
     net, trainer = build()
     trainer._update_on_kvstore = True
