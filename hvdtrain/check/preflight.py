@@ -43,8 +43,11 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hvdtrain-check", description=__doc__.split("\n\n")[0].replace("``", ""),
                 epilog="Start it with the launcher, hosts and options of the job.")
-    p.add_argument("--data-dir", help="check that this folder holds readable CIFAR-10 files "
-                                      "on every rank")
+    p.add_argument("--data-dir", help="check on every rank that this folder opens as "
+                   "training would open it (an image folder train/<class>/, val/<class>/; a "
+                   "RecordIO pack train.rec/.idx, val.rec/.idx; else the CIFAR-10 binary "
+                   "files) and that every rank holds the same images or pack (sample counts "
+                   "and a checksum of the file list or .idx)")
     p.add_argument("--no-cuda", action="store_true", help="the job will run on the CPU")
     p.add_argument("--size-mb", type=float, default=16.0,
                    help="size of the test allreduce (default: %(default)s)")

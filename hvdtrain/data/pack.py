@@ -2,7 +2,8 @@
 
     hvdtrain-pack IMAGES_DIR PACK_DIR
 
-reads ``IMAGES_DIR/train/<class>/*`` and ``IMAGES_DIR/val/<class>/*`` and writes
+reads ``IMAGES_DIR/train/<class>/**`` and ``IMAGES_DIR/val/<class>/**`` (the images of
+``--dataset imagefolder``: :mod:`hvdtrain.data.images`) and writes
 ``PACK_DIR/{train,val}.{rec,idx}`` with MXNet's own writer (``mxnet.recordio``: the image
 bytes as they are, not re-encoded, so no OpenCV is needed) and ``PACK_DIR/classes.txt``
 (the class names, one a line, in label order). Record keys count from 0 in (class, file)
@@ -17,6 +18,7 @@ record keys keep the folder's numbers (the skipped key is missing).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import List, Optional, Tuple
@@ -25,6 +27,8 @@ from .errors import BadSample, DatasetError
 from .images import SPLITS, open_folder
 from .paths import check_folder
 from .transforms import decodes
+
+logger = logging.getLogger("hvdtrain")
 
 
 def pack_split(split, prefix: str) -> Tuple[int, int]:
@@ -57,6 +61,13 @@ def pack_folder(images_dir: str, pack_dir: str) -> List[Tuple[int, int]]:
         raise DatasetError(f"PACK_DIR {pack_dir} is not a folder: give the folder to write "
                            f"the pack into (it is made if missing)")
     classes, train, val = open_folder(images_dir)
+    for name in classes:
+        if "\n" in name or "\r" in name:
+            # classes.txt holds one name a line; a file name may hold a line break (the
+            # folder's index handles it), a class name cannot.
+            raise DatasetError(f"class folder {os.path.join(images_dir, 'train', name)!r} has "
+                               f"a line break in its name, which classes.txt (one name a "
+                               f"line) cannot hold: rename the folder in train/ and val/")
     os.makedirs(pack_dir, exist_ok=True)
     with open(os.path.join(pack_dir, "classes.txt"), "w", encoding="utf-8") as out:
         out.write("".join(name + "\n" for name in classes))
@@ -71,6 +82,10 @@ def run(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("images_dir")
     parser.add_argument("pack_dir")
     args = parser.parse_args(argv)
+    # Warnings of the folder's reader (files left out) in this program's own words.
+    said = logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter("hvdtrain-pack: warning: %(message)s"))
+    logger.addHandler(said)
     try:
         counts = pack_folder(args.images_dir, args.pack_dir)
     except (DatasetError, OSError) as err:
@@ -79,6 +94,8 @@ def run(argv: Optional[List[str]] = None) -> int:
             text = f"{err.filename}: {err.strerror}" if err.filename else err.strerror
         print(f"hvdtrain-pack: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        logger.removeHandler(said)
     (train, train_skipped), (val, val_skipped) = counts
     skipped = train_skipped + val_skipped
     print(f"packed {train} train and {val} val images into {args.pack_dir}"

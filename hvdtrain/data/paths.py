@@ -1,9 +1,10 @@
 """Checks on the folders and links of an image layout, each refusal one line naming the path
-(:class:`~hvdtrain.data.datasets.DatasetError`, exit 2)."""
+(:class:`~hvdtrain.data.errors.DatasetError`, exit 2)."""
 from __future__ import annotations
 
 import os
-from typing import List
+from collections import Counter
+from typing import Dict, List, Tuple
 
 from .errors import DatasetError
 
@@ -42,6 +43,51 @@ def entry_is(entry: os.DirEntry, kind: str) -> bool:
 def class_names(folder: str) -> List[str]:
     """The sorted names of the class folders in `folder`."""
     return sorted(e.name for e in scan(folder) if entry_is(e, "dir"))
+
+
+def image_files(folder: str, extensions: Tuple[str, ...]) -> Tuple[List[str], Counter]:
+    """The image files below `folder` at any depth, as paths relative to it, and a count of
+    the files left out (by extension, lowercase; "" for none).
+
+    As torchvision's ``ImageFolder``, an image in a subfolder of a class folder belongs to
+    the class. The order is fixed by the names alone: a folder's files (sorted), then each
+    subfolder's (sorted by name, depth first). A file is an image when its name ends with
+    one of `extensions`, in any case. A linked subfolder that leads back to a folder above
+    it is refused in one line: walking it would never end."""
+    files: List[str] = []
+    left_out: Counter = Counter()
+    _walk(folder, "", {_identity(folder): folder}, extensions, files, left_out)
+    return files, left_out
+
+
+def _identity(path: str) -> Tuple[int, int]:
+    try:
+        found = os.stat(path)
+    except OSError as err:
+        raise DatasetError(f"cannot read {path}: {err.strerror}; check the path and its "
+                           f"permissions") from None
+    return found.st_dev, found.st_ino
+
+
+def _walk(folder: str, prefix: str, above: Dict[Tuple[int, int], str], extensions, files,
+          left_out) -> None:
+    entries = sorted(scan(folder), key=lambda e: e.name)
+    subfolders = []
+    for entry in entries:
+        if entry.name.lower().endswith(extensions) and entry_is(entry, "file"):
+            files.append(prefix + entry.name)
+        elif entry_is(entry, "dir"):
+            subfolders.append(entry)
+        else:
+            left_out[os.path.splitext(entry.name)[1].lower()] += 1
+    for entry in subfolders:
+        identity = _identity(entry.path)
+        if identity in above:  # a link (or a bind mount) back up: the walk would not end
+            raise DatasetError(f"cannot follow {entry.path}: it leads back to "
+                               f"{above[identity]}, a folder above it (a loop); remove or "
+                               f"fix that link")
+        _walk(entry.path, prefix + entry.name + os.sep, {**above, identity: entry.path},
+              extensions, files, left_out)
 
 
 def check_folder(path: str, what: str) -> None:

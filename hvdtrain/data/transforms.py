@@ -47,8 +47,15 @@ NORM_SCALE = (1 / 255) / IMAGENET_STD
 NORM_OFFSET = IMAGENET_MEAN / IMAGENET_STD
 
 
-# DCT scale factors of a JPEG decode, largest reduction first; EXIF orientation ignored
-# (neither Pillow nor ImageRecordIter applies it).
+# What Pillow raises for data it cannot decode: the list its own fuzzing tests accept
+# (Tests/oss-fuzz/test_fuzzers.py; UnidentifiedImageError is an OSError), and what its
+# plugins let through. Anything else (MemoryError above all, or a bug) is not a bad image
+# and must stop the job, not be skipped image after image.
+PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, NotImplementedError, OverflowError,
+                      EOFError, struct.error, Image.DecompressionBombError)
+
+# DCT scale factors of a JPEG decode, largest reduction first. EXIF orientation is not
+# applied (Pillow's open and mx.image.imdecode do not; ImageRecordIter does: docs/data.md).
 REDUCTIONS = (8, 4, 2, 1)
 _OPENCV_REDUCED = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4,
                    2: cv2.IMREAD_REDUCED_COLOR_2, 1: cv2.IMREAD_COLOR}
@@ -101,7 +108,7 @@ def open_image(encoded: bytes, what: str) -> Encoded:
     try:
         with Image.open(io.BytesIO(encoded)) as image:
             return Encoded(encoded, image.size, image.format)
-    except Exception as err:  # Pillow raises many kinds for bad files
+    except PILLOW_DATA_ERRORS as err:
         # Pillow's "cannot identify image file <_io.BytesIO object at 0x...>" names our
         # buffer, not the file: `what` names the file.
         reason = "not an image format Pillow or OpenCV reads" \
@@ -135,14 +142,17 @@ def _pillow_decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
                 return np.repeat(grey.astype(np.uint8)[:, :, None], 3, axis=2)
             # Grey, palette, CMYK or alpha images become RGB, as OpenCV's colour read does.
             return np.asarray(opened.convert("RGB"))
-    except Exception as err:  # Pillow raises many kinds for bad data
+    except PILLOW_DATA_ERRORS as err:
         raise BadSample(f"{what}: cannot decode ({type(err).__name__}: {err})") from None
 
 
 def _opencv_decode(image: Encoded, reduce: int, what: str) -> np.ndarray:
     flag = _OPENCV_REDUCED[reduce if image.format == "JPEG" else 1]
-    pixels = cv2.imdecode(np.frombuffer(image.data, np.uint8),
-                          flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    try:
+        pixels = cv2.imdecode(np.frombuffer(image.data, np.uint8),
+                              flag | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error:  # most bad data gives None; some decoders raise instead
+        pixels = None
     if pixels is None:
         raise BadSample(f"{what}: cannot decode (OpenCV could not read it as "
                         f"{image.format or 'an image'})")

@@ -120,7 +120,7 @@ def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images,
 @pytest.mark.parametrize("kind,breakage,needle", [
     ("recordio", "no idx", "has no index"),
     ("recordio", "no pack", "--dataset recordio needs"),
-    ("imagefolder", "empty class", "holds no .jpg/.jpeg/.png image"),
+    ("imagefolder", "empty class", "holds no image (.jpg/.jpeg/.png/.bmp/.webp"),
     ("imagefolder", "classes differ", "only in train: digit9; only in val: none"),
     ("imagefolder", "no val", "val does not exist"),
     ("imagefolder", "missing dir", "nowhere does not exist"),

@@ -116,3 +116,14 @@ def test_allreduce_sums_are_checked(broken):
     assert measured["bytes"] == 10484 and measured["best_s"] <= measured["median_s"]
     line = format_bandwidth(measured, 2, mx.cpu(), 2)
     assert ("WRONG sums on 1 ranks" in line) == broken
+
+
+def test_help_says_what_data_dir_checks_now():
+    """--help said --data-dir checks "readable CIFAR-10 files": it opens image folders and
+    RecordIO packs as training does, and compares them across ranks."""
+    from hvdtrain.check.preflight import build_parser
+    text = " ".join(build_parser().format_help().split())
+    assert "readable CIFAR-10 files" not in text
+    for needle in ("image folder train/<class>/", "RecordIO pack train.rec/.idx",
+                   "CIFAR-10 binary files", "every rank holds the same images or pack"):
+        assert needle in text, (needle, text)
