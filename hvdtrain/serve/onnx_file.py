@@ -21,8 +21,9 @@ class OnnxUnavailable(Exception):
 def onnx_module():
     """The ``onnx`` module, if MXNet's exporter can use it (else OnnxUnavailable)."""
     try:
-        import onnx  # pylint: disable=import-outside-toplevel
-        from onnx import mapping  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+        # pylint: disable=import-outside-toplevel,unused-import
+        import onnx
+        from onnx import mapping  # noqa: F401  (gone in onnx >= 1.19: the exporter fails)
     except ImportError as err:
         raise OnnxUnavailable(f"{err} (install hvdtrain's onnx extra: pip install -c "
                               f"constraints.txt 'hvdtrain[onnx]')") from None
