@@ -22,6 +22,7 @@ from .loop import precision
 from .state.checkpoint import Checkpointer, save_params
 from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
+from .data.card import CARD_FILE, model_card, write_card
 from .data.datasets import check_dataset
 from .data.load import load_dataset
 from .store.dist import DistContext, select_devices, share_cpu_threads
@@ -38,7 +39,7 @@ from .loop.fit import Outputs, fit
 from .loop.together import write_together
 from .runtime.pulse import JobPulse
 from .runtime.watchdog import GLOO_TIMEOUT_ENV, Watchdog, gloo_timeout, horovod_stall_env
-from .state.writes import check_writable_dir
+from .state.writes import atomic_write, check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
 
@@ -131,11 +132,14 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
         check_writable_dir(cfg.tensorboard, "--tensorboard")
 
 
-def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog) -> None:
-    """Rank 0 saves the trained parameters (every rank then learns whether it could); busy
-    meanwhile, so a save to slow storage is not taken for a stall."""
+def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog,
+                card: dict) -> None:
+    """Rank 0 saves the model card and then the trained parameters (every rank then learns
+    whether it could); busy meanwhile, so a save to slow storage is not taken for a stall.
+    ``model.params`` comes last: a folder holding it holds a finished run."""
     if dist.is_root:
         with watchdog.busy("saving the final parameters"):
+            atomic_write(os.path.join(output_dir, CARD_FILE), lambda p: write_card(p, card))
             logger.info("parameters saved to %s",
                         save_params(net, os.path.join(output_dir, "model.params")))
 
@@ -168,6 +172,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         run_dir = RunDir.decide(cfg)
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
         run_dir.check_classes(getattr(data, "classes", None))
+        card = model_card(cfg.model_name, data, cfg.dtype)
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
@@ -202,30 +207,34 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
             until_the_end.callback(run_dir.release)
             dist, result = fit_elastic(
                 net, trainer, data, devices, dist.store, cfg, state, run_dir, watchdog,
-                policy, lambda now: _outputs(cfg, now, worker_batch, data),
-                lambda now: _finish(cfg, net, now, watchdog))
+                policy, lambda now: _outputs(cfg, now, worker_batch, data, card),
+                lambda now: _finish(cfg, net, now, watchdog, card))
             return Run(net, trainer, dist, result)
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
-        outputs = _outputs(cfg, dist, worker_batch, data)
+        outputs = _outputs(cfg, dist, worker_batch, data, card)
         result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
-        _finish(cfg, net, dist, watchdog)
+        _finish(cfg, net, dist, watchdog, card)
         return Run(net, trainer, dist, result)
 
 
-def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data) -> Outputs:
-    """The run's outputs; a streamed dataset's checkpoints name its classes."""
+def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data,
+             card: dict) -> Outputs:
+    """The run's outputs; every checkpoint carries the model card (hvdtrain.data.card), and
+    a streamed dataset's checkpoints name its classes (what a resume checks)."""
     outputs = build_outputs(cfg, dist, worker_batch)
+    outputs.checkpointer.meta["card"] = card
     if data.streamed:  # what each output index means, for whoever uses the model later
         outputs.checkpointer.meta["classes"] = list(data.classes)
     return outputs
 
 
-def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog) -> None:
-    """After the last epoch: rank 0 saves the parameters, and every rank learns whether
-    it could."""
+def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog,
+            card: dict) -> None:
+    """After the last epoch: rank 0 saves the card and the parameters, and every rank
+    learns whether it could."""
     if cfg.output_dir:
-        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog),
+        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog, card),
                        "the end")

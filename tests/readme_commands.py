@@ -17,7 +17,8 @@ from helpers import REPO
 
 #: First words of the lines the suite runs or parses.
 COVERED = ("hvdtrain", "horovodrun", "mpirun", "hvdtrain-launch", "hvdtrain-plot", "scripts/",
-           "examples/", "sbatch", "docker", "make", "hvdtrain-pack", "python")
+           "examples/", "sbatch", "docker", "make", "hvdtrain-pack", "python",
+           "hvdtrain-export", "hvdtrain-predict")
 #: First words of lines no test can stand in for, with the reason.
 NOT_RUN = {
     "source": "activates the virtual environment the tests already run in",

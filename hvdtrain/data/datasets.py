@@ -19,6 +19,9 @@ CIFAR_TEST_FILE = "test_batch.bin"
 CIFAR_RECORD = 1 + 3 * 32 * 32
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
+# Label i's name, as the archive's batches.meta.txt lists them.
+CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                 "ship", "truck")
 CIFAR_SOURCE = ("download the binary version (cifar-10-binary.tar.gz) from "
                 "https://www.cs.toronto.edu/~kriz/cifar.html and extract it there")
 

@@ -122,7 +122,7 @@ class ImageLoader:
 
     def sample(self, index: int, epoch: int, out: Optional[np.ndarray] = None):
         """Sample `index` decoded and transformed as in `epoch`, and its label; the image
-        is written into `out` when given (raises images.BadSample)."""
+        is written into `out` when given (raises errors.BadSample)."""
         encoded, label = self.split.read(index)
         what = self.split.describe(index)
         if self.train:

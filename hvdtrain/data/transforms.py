@@ -45,6 +45,9 @@ LIGHTING = 0.1
 # Normalisation of 0-255 pixels: x * scale - offset.
 NORM_SCALE = (1 / 255) / IMAGENET_STD
 NORM_OFFSET = IMAGENET_MEAN / IMAGENET_STD
+# Evaluation keeps the centred square of this share of the shorter side, resized to the
+# input size: the shorter side resized to size * 256/224, then a size x size centre crop.
+EVAL_CROP_FRACTION = 224 / 256
 
 
 # What Pillow raises for data it cannot decode: the list its own fuzzing tests accept
@@ -309,24 +312,35 @@ def train_transform(encoded: bytes, size: int, rng: np.random.Generator, what: s
     return _normalized_chw(coloured, dtype, out)
 
 
-def _normalized_chw(pixels: np.ndarray, dtype, out: Optional[np.ndarray]) -> np.ndarray:
-    """uint8 HWC `pixels` normalised with ImageNet's mean and std, a CHW array of `dtype`
-    (in `out` when given); each plane computed in float32 and rounded to `dtype` once."""
+def _normalized_chw(pixels: np.ndarray, dtype, out: Optional[np.ndarray],
+                    scale: np.ndarray = NORM_SCALE,
+                    offset: np.ndarray = NORM_OFFSET) -> np.ndarray:
+    """uint8 HWC `pixels` normalised as ``pixel * scale - offset`` per channel (ImageNet's
+    mean and std by default), a CHW array of `dtype` (in `out` when given); each plane
+    computed in float32 and rounded to `dtype` once."""
     if out is None:
         out = np.empty((3,) + pixels.shape[:2], dtype)
     for channel, plane in enumerate(cv2.split(pixels)):
         if out.dtype == np.float32:
-            np.multiply(plane, NORM_SCALE[channel], out=out[channel], dtype=np.float32)
-            out[channel] -= NORM_OFFSET[channel]
+            np.multiply(plane, scale[channel], out=out[channel], dtype=np.float32)
+            out[channel] -= offset[channel]
         else:
-            out[channel] = np.multiply(plane, NORM_SCALE[channel], dtype=np.float32) \
-                - NORM_OFFSET[channel]
+            out[channel] = np.multiply(plane, scale[channel], dtype=np.float32) \
+                - offset[channel]
     return out
 
 
 def eval_transform(encoded: bytes, size: int, what: str, dtype="float32",
-                   out: Optional[np.ndarray] = None) -> np.ndarray:
-    """Decode `encoded`, resize its shorter side to ``size * 256/224`` and centre crop."""
+                   out: Optional[np.ndarray] = None, crop_fraction: float = EVAL_CROP_FRACTION,
+                   mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
+    """Decode `encoded`, keep the centred square of `crop_fraction` of its shorter side
+    (ImageNet's: the shorter side resized to ``size * 256/224``, a `size` centre crop),
+    resize it to `size` and normalise it as ``(pixel / 255 - mean) / std``.
+
+    Training's evaluation uses the defaults; ``hvdtrain-predict`` passes what a model's card
+    (:mod:`hvdtrain.data.card`) says, which is what its training used."""
     image = open_image(encoded, what)
-    box = centre_box(image.size[0], image.size[1], 224 / 256)
-    return _normalized_chw(_crop_resize(image, box, size, what), dtype, out)
+    box = centre_box(image.size[0], image.size[1], crop_fraction)
+    std = np.asarray(std, np.float32)
+    scale, offset = (1 / 255) / std, np.asarray(mean, np.float32) / std  # as NORM_SCALE/_OFFSET
+    return _normalized_chw(_crop_resize(image, box, size, what), dtype, out, scale, offset)

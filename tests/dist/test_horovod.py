@@ -122,7 +122,7 @@ def test_cli_logs_info_from_rank0_only_and_writes_outputs(tmp_path):
     assert records[-1]["test_acc"] == records[2]["test_acc"]
     assert (out / "model.params").stat().st_size > 0
     assert sorted(os.listdir(out)) == [".hvdtrain.lock", "checkpoints", "metrics.jsonl",
-                                       "model.params"]
+                                       "model.json", "model.params"]
 
 
 def test_uneven_files_and_float16_gradients_keep_metrics_exact(tmp_path):

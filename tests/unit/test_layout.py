@@ -21,7 +21,7 @@ LEVELS = [
     {"report"},
     {"store", "data", "runtime"},
     {"loop", "models"},
-    {"check", "job"},
+    {"check", "job", "serve"},
     {"cli", "__init__"},
 ]
 LEVEL = {part: index for index, parts in enumerate(LEVELS) for part in parts}
