@@ -244,8 +244,10 @@ def test_an_empty_folder_is_the_whole_processs_one_line(exported, tmp_path):
     proc = run_command([sys.executable, "-m", "hvdtrain.serve.predict", str(folder),
                         str(tmp_path)], timeout=120)
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    from hvdtrain.data.images import IMAGE_EXTENSIONS
     assert proc.returncode == 2 and lines == [f"hvdtrain-predict: error: no image in "
-                                              f"{tmp_path}: looked for .jpg/.jpeg/.png files "
+                                              f"{tmp_path}: looked for "
+                                              f"{'/'.join(IMAGE_EXTENSIONS)} files "
                                               f"(in sub-folders too) and .rec packs"]
 
 
