@@ -12,7 +12,8 @@ loopback; skipped, saying why, where ``unshare -n``/``tc`` are unavailable): the
 hvdtrain, --fp16-allreduce, --accumulate 4 and both. Then an allreduce microbenchmark, the
 cost of exchanging each step's sample count (scripts/bench_step_counts.py), the
 input-pipeline and memory rows of scripts/bench_images.py, and resnet50_v1 on 2 ranks from
-RecordIO against synthetic input (scripts/bench_input_bound.py). Prints
+RecordIO against synthetic input (scripts/bench_input_bound.py), and hvdtrain-predict
+against ImageRecordIter plus a forward pass (scripts/bench_predict.py). Prints
 one table and writes it as JSON (--json, default runs/bench.json).
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
@@ -170,7 +171,8 @@ def main():
     for row in results.counts:
         print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
-    print("\ninput pipeline and memory (scripts/bench_images.py, bench_input_bound.py):")
+    print("\ninput pipeline, memory and predict (scripts/bench_images.py, bench_input_bound.py, "
+          "bench_predict.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
@@ -221,6 +223,12 @@ def measure_all(args, tmp, runs, results):
     bound = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_input_bound.py")]
                                      + (quick if args.quick else []))], timeout=3600)
     results.images += bound[0]["rows"]
+    results.write(complete=False)
+    # Predicting with an export: hvdtrain-predict against ImageRecordIter + SymbolBlock.
+    quick = ["--model", "resnet18_v1", "--images", "32", "--rounds", "1"]
+    predict = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_predict.py")]
+                                       + (quick if args.quick else []))], timeout=3600)
+    results.images += predict[0]["rows"]
     results.write(complete=False)
 
 

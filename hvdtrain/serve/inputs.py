@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..config import ConfigError
-from ..data.images import IMAGE_EXTENSIONS, BadSample, RecordSplit
+from ..data.errors import BadSample
+from ..data.images import IMAGE_EXTENSIONS, RecordSplit
 
 
 class InputError(ConfigError):

@@ -29,7 +29,7 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from ..config import ConfigError
-from ..data.images import BadSample
+from ..data.errors import BadSample
 from ..data.transforms import check_jpeg_codec, eval_transform
 from ..report.log import error_line
 from ..state.writes import write_failure

@@ -265,3 +265,15 @@ def test_count_exchange_row_times_both_sides_of_the_same_loop(tmp_path):
     for row in rows:
         assert row["step_ms_without"] > 0 and row["step_ms_with"] > 0, row
         assert 0 < row["exchange_alone_ms"] < 1000, row
+
+
+def test_predict_row_times_hvdtrain_predict_and_imagerecorditer(tmp_path):
+    prefix = str(tmp_path / "predict")
+    proc = run_command([sys.executable, os.path.join(REPO, "scripts", "bench_predict.py"),
+                        "--out", prefix, "--model", "mobilenet0.25", "--images", "20",
+                        "--threads", "1", "--rounds", "1", "--batch-size", "8"],
+                       timeout=JOB_TIMEOUT, cwd=os.path.join(REPO, "scripts"))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rows = json.load(open(prefix + ".rank0.json"))["rows"]
+    assert [r["row"] for r in rows] == ["predict mobilenet0.25 at 224, 1 thread(s)"]
+    assert rows[0]["hvdtrain_predict_img_s"] > 0 and rows[0]["imagerecorditer_forward_img_s"] > 0
