@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List
 
+import mxnet as mx
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
 
@@ -69,7 +70,8 @@ def model_names() -> List[str]:
 
 
 def build_model(name: str, classes: int) -> nn.HybridBlock:
-    """Build model `name` with a `classes`-way output layer (uninitialised).
+    """Build model `name` with a `classes`-way output layer (uninitialised), its parameters
+    named as in a new process.
 
     Raises
     ------
@@ -77,9 +79,13 @@ def build_model(name: str, classes: int) -> nn.HybridBlock:
         If `name` is unknown; the message lists the valid names.
     """
     check_model_name(name)
-    if name in SMALL_MODELS:
-        return SMALL_MODELS[name](classes)
-    return vision.get_model(name, classes=classes)
+    # Gluon names parameters from process-wide counters (conv0_, conv1_, resnetv10_): a
+    # fresh count gives the names a new process would, whatever this one built before, so
+    # an exported model's parameter names match the net built to load them (--init-from).
+    with mx.name.NameManager():
+        if name in SMALL_MODELS:
+            return SMALL_MODELS[name](classes)
+        return vision.get_model(name, classes=classes)
 
 
 def check_model_name(name: str) -> None:
