@@ -217,12 +217,23 @@ class BucketedTrainer(gluon.Trainer):
                            "the first backward (hvdtrain.broadcast_parameters) or "
                            "hybridize() the net again after its first step.", len(strays))
 
+    def follow_gradients(self) -> bool:
+        """Plan the buckets again now if Gluon re-created gradients since the last plan
+        (``grad_req`` changed, ``reset_ctx``, ``cast``); returns whether it did.
+
+        Each step does this anyway. Called right after such a change, before the next
+        backward pass, it also spares the copies: a graph built from then on (after
+        ``hybridize()``) binds the buckets' views, not the arrays Gluon just made."""
+        if not (self._bucketed and any(now is not planned for now, planned in
+                                       zip(gradient_lists(self._params), self._grad_lists))):
+            return False
+        self._replan()
+        logger.info("gradients were re-created (grad_req, reset_ctx or cast): "
+                    "%d gradient buckets planned again", len(self.buckets))
+        return True
+
     def _allreduce_grads(self):
-        if self._bucketed and any(now is not planned for now, planned in
-                                  zip(gradient_lists(self._params), self._grad_lists)):
-            self._replan()
-            logger.info("gradients were re-created (grad_req, reset_ctx or cast): "
-                        "%d gradient buckets planned again", len(self.buckets))
+        self.follow_gradients()
         if not self.buckets:
             super()._allreduce_grads()
             return
