@@ -98,6 +98,15 @@ class TrainConfig:
         None, f"one of {', '.join(SMALL_MODEL_NAMES)} (small, for digits and CIFAR) or a "
         f"Gluon model-zoo name: {', '.join(ZOO_MODELS)}; simple_cnn for digits, else "
         "resnet18_v1", group="model", shown="per dataset")
+    pretrained: bool = option(
+        False, "start from the Gluon model zoo's ImageNet weights for --model, from MXNet's "
+        "model store ($MXNET_HOME/models, downloaded there when missing; docs/fine-tuning.md)",
+        group="model", kind="switch")
+    init_from: Optional[str] = option(
+        None, "start from these weights: a .params file, a checkpoint or output folder of an "
+        "earlier run, or an exported model folder; a new run from epoch 0 (weights only, not "
+        "--resume); the output layer is replaced when the classes differ",
+        group="model", metavar="PATH")
     hybridize: bool = option(
         True, "run the model imperatively (for debugging)", group="model", kind="off-switch")
     dtype: str = option(
@@ -135,6 +144,13 @@ class TrainConfig:
     lr_decay_factor: float = option(
         0.1, "factor the learning rate is multiplied by at each --lr-decay-epochs epoch",
         group="optimisation", range=(0, 1, True, False))
+    head_lr_mult: float = option(
+        1.0, "the output layer learns this many times faster than --lr (with --init-from or "
+        "--pretrained)", group="optimisation", range=POSITIVE)
+    freeze_epochs: int = option(
+        0, "for the first N epochs only the output layer trains; the rest of the model is "
+        "neither updated nor exchanged (with --init-from or --pretrained)",
+        group="optimisation", range=NON_NEGATIVE)
     label_smoothing: float = option(
         0.0, "train on targets 1 - e for the true class and e / classes spread over all",
         group="optimisation", range=(0, 1, False, True))
@@ -330,6 +346,7 @@ def validate(cfg: TrainConfig) -> None:
     elif cfg.commit_every is not None:
         raise ConfigError("--commit-every is the interval of --elastic's commits: add "
                           "--elastic, or drop it")
+    check_start_weights(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
@@ -349,3 +366,27 @@ def check_elastic(cfg: TrainConfig) -> None:
         raise ConfigError("--elastic with --output-dir needs --resume auto: a worker that "
                           "joins later, or a relaunch, must continue from the checkpoints "
                           "the job wrote, not refuse them")
+
+
+def check_start_weights(cfg: TrainConfig) -> None:
+    """What ``--pretrained``, ``--init-from`` and the fine-tuning flags need of the others
+    (docs/fine-tuning.md)."""
+    if cfg.pretrained and cfg.init_from:
+        raise ConfigError("give either --pretrained or --init-from, not both: a run starts "
+                          "from one set of weights")
+    if cfg.pretrained and cfg.model_name in SMALL_MODEL_NAMES:
+        raise ConfigError(f"--pretrained: the model zoo has ImageNet weights for its own "
+                          f"models only, not for {cfg.model_name}; start from a run of yours "
+                          f"with --init-from, or pick a zoo --model")
+    starts = "--pretrained" if cfg.pretrained else "--init-from" if cfg.init_from else None
+    if starts and cfg.resume and cfg.resume != "auto":
+        # --resume auto stays allowed: it continues this run after a restart (and --elastic
+        # needs it), and starts from the weights while the folder holds no checkpoint.
+        raise ConfigError(f"{starts} starts a new run from weights, --resume {cfg.resume} "
+                          f"continues an earlier one with its optimizer state: give one of "
+                          f"them")
+    for name, value, plain in (("--freeze-epochs", cfg.freeze_epochs, 0),
+                               ("--head-lr-mult", cfg.head_lr_mult, 1.0)):
+        if value != plain and not starts:
+            raise ConfigError(f"{name} fine-tunes the weights a run starts from: add "
+                              f"--init-from or --pretrained")

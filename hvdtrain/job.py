@@ -9,7 +9,9 @@ checks behave alike on every path. The data flow::
 
 with the run folder in three phases around it (:class:`~hvdtrain.state.run_dir.RunDir`):
 decide before the data is loaded, restore once the model and trainer exist, claim before
-anything is written.
+anything is written. The weights a new run starts from (``--init-from``, ``--pretrained``)
+are read right after the decision and loaded into the initialised net on every rank, before
+the broadcast.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Optional
 
 from .loop import precision
 from .state.checkpoint import Checkpointer, save_params
@@ -33,6 +36,9 @@ from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.build import broadcast_parameters, build_trainer, initialize
+from .loop.finetune import apply_phase, set_head_lr_mult
+from .loop.start_weights import load_start_weights
+from .loop.weights_file import WeightsFile, resolve as resolve_weights
 from .loop.elastic_fit import fit_elastic
 from .store.gluon_internals import skip_first_step_broadcast
 from .loop.fit import Outputs, fit
@@ -170,6 +176,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
                               "horovodrun -np N --min-np M --host-discovery-script SCRIPT "
                               "(docs/elastic.md)")
         run_dir = RunDir.decide(cfg)
+        weights = start_weights(cfg, run_dir)  # read now: a bad file is refused at once
         data = load_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
         run_dir.check_classes(getattr(data, "classes", None))
         card = model_card(cfg.model_name, data, cfg.dtype)
@@ -189,6 +196,10 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         devices = build_devices(cfg, dist, policy, devices)
         worker_batch = cfg.batch_size * len(devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+        if weights is not None:  # on every rank, before rank 0's values are broadcast
+            load_start_weights(net, weights, data.num_classes, getattr(data, "classes", None),
+                               cfg.model_name)
+        set_head_lr_mult(net, cfg.head_lr_mult)
         watchdog.beat("start-up (model initialised)")
         policy.prepare_model(net)
         trainer = build_trainer(net, cfg, dist, policy)
@@ -199,6 +210,9 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
             # alone, and hang. The elastic loop's sync broadcasts them instead.
             skip_first_step_broadcast(trainer)
         state = run_dir.restore(net, trainer, devices, dist, worker_batch, data.num_train)
+        # Frozen or not before the store is set up, so that its buckets are planned for the
+        # epoch training starts in (a resumed run past --freeze-epochs starts unfrozen).
+        apply_phase(net, trainer, cfg, state.epoch)
         watchdog.beat("start-up (trainer ready)")
         if cfg.elastic:
             # No collective before the elastic loop: a worker that joins a running job
@@ -218,6 +232,17 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
         _finish(cfg, net, dist, watchdog, card)
         return Run(net, trainer, dist, result)
+
+
+def start_weights(cfg: TrainConfig, run_dir: RunDir) -> Optional[WeightsFile]:
+    """The weights ``--init-from`` or ``--pretrained`` name, read; None without them, or
+    when ``--resume auto`` found a checkpoint of this run to continue instead."""
+    if run_dir.candidates and (cfg.init_from or cfg.pretrained):
+        logger.info("--resume auto continues from %s: %s is not read",
+                    run_dir.candidates[0].path,
+                    "--pretrained" if cfg.pretrained else f"--init-from {cfg.init_from}")
+        return None
+    return resolve_weights(cfg)
 
 
 def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data,

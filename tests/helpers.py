@@ -233,3 +233,18 @@ def bad_copy(folder, pack, tmp_path):
         out.seek(int(offsets[7]))
         out.write(b"\xff" * 8)  # magic and length of record 7 gone
     return bad_folder, bad_pack, path, int(keys[7])
+
+
+def class_subset(folder, out, classes, train_per_class=None):
+    """A copy of image folder `folder` (train/ and val/) holding only `classes`, with at most
+    `train_per_class` training images each (the first by name); returns `out`."""
+    for split in ("train", "val"):
+        for name in classes:
+            files = sorted(os.listdir(os.path.join(folder, split, name)))
+            if split == "train" and train_per_class is not None:
+                files = files[:train_per_class]
+            os.makedirs(os.path.join(out, split, name))
+            for file in files:
+                shutil.copy(os.path.join(folder, split, name, file),
+                            os.path.join(out, split, name, file))
+    return out

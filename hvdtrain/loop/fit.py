@@ -23,6 +23,7 @@ from ..store.dist import DistContext
 from .build import build_loaders
 from .counts import check_bad_samples
 from .epoch import Loop, train_epoch
+from .finetune import apply_phase
 from ..state.train_state import TrainState
 from .evaluate import evaluate
 from .guard import FiniteGuard
@@ -191,6 +192,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         if cfg.max_steps is not None and state.step >= cfg.max_steps:
             break
         epoch = state.epoch
+        apply_phase(net, trainer, cfg, epoch)  # --freeze-epochs: from the epoch alone
         train_loader.sampler.set_epoch(epoch, state.epoch_samples)
         stats = train_epoch(loop, train_loader, state)
         # Training stops here until the next epoch: what is evaluated now, checkpointed

@@ -6,14 +6,16 @@ Gluon has no public way to set up a Trainer's store before its first step
 (:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory,
 skip its first-step broadcast or discard an undone attempt's gradients (the elastic state:
 :func:`optimizer_states`, :func:`set_optimizer_states`, :func:`skip_first_step_broadcast`,
-:func:`discard_gradients`). All are needed (the broadcast before the first forward pass,
-zero-copy gradient buckets that stay correct whatever the user does to parameters), so
-the private calls live here, behind a version check: a different MXNet fails loudly at
-import instead of training subtly wrong.
+:func:`discard_gradients`), nor to say where the model zoo's files are downloaded from
+(:func:`model_store_url`, for ``--pretrained``'s advice offline). All are needed (the
+broadcast before the first forward pass, zero-copy gradient buckets that stay correct
+whatever the user does to parameters), so the private calls live here, behind a version
+check: a different MXNet fails loudly at import instead of training subtly wrong.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import List, Optional, Sequence
 
 import mxnet as mx
@@ -169,3 +171,12 @@ def skip_first_step_broadcast(trainer) -> None:
     if not trainer._kv_initialized:
         trainer._init_kvstore()  # creates the store's bindings; no collective
     trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
+
+
+def model_store_url(file_name: str) -> str:
+    """Where MXNet's model store downloads the zoo's `file_name` (``resnet18_v1-a0666292``)
+    from: ``$MXNET_GLUON_REPO`` or Apache's host, as ``get_model_file`` builds it."""
+    from mxnet.gluon.model_zoo import model_store  # pylint: disable=import-outside-toplevel
+    repo = os.environ.get("MXNET_GLUON_REPO", model_store.apache_repo_url)
+    return model_store._url_format.format(  # pylint: disable=protected-access
+        repo_url=repo if repo.endswith("/") else repo + "/", file_name=file_name)

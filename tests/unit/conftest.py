@@ -1,4 +1,5 @@
-"""Fixtures shared by the resume tests (test_resume_rules.py, test_run_dir.py)."""
+"""Fixtures shared by the resume tests (test_resume_rules.py, test_run_dir.py) and those of
+starting from weights (test_start_weights*.py, test_finetune.py)."""
 import shutil
 
 import pytest
@@ -25,3 +26,42 @@ def run_copy(two_epochs, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(two_epochs, copy)
     return copy
+
+
+@pytest.fixture(scope="module")
+def five(tmp_path_factory):
+    """Two small image folders (5 digits a class): classes digit0..digit4 and
+    digit5..digit9."""
+    from helpers import class_subset
+    from hvdtrain.data.sample_images import write_digit_images
+    root = tmp_path_factory.mktemp("five")
+    write_digit_images(str(root / "all"), per_class=5)
+    return tuple(class_subset(str(root / "all"), str(root / name),
+                              [f"digit{d}" for d in digits])
+                 for name, digits in (("low", range(5)), ("high", range(5, 10))))
+
+
+@pytest.fixture
+def start(monkeypatch, capfd):
+    """``start(argv)``: run ``hvdtrain argv`` in this process (``cli.main``) up to its first
+    step, where ``fit`` would begin; returns (exit status, output lines, the net's arrays by
+    place at that point). ``start(argv, train=True)`` trains for real (to make a run to start
+    from). ``start.lr_mult`` then holds each parameter's ``lr_mult``."""
+    from hvdtrain import job
+    from helpers import main_in_process
+    held = {}
+
+    def fit(net, trainer, data, devices, dist, cfg, *args, **kwargs):
+        params = net._collect_params_with_prefix()  # pylint: disable=protected-access
+        held.update({place: p.data().asnumpy() for place, p in params.items()})
+        run.lr_mult = {place: p.lr_mult for place, p in params.items()}
+        return {"test_acc": None, "test_count": 0, "total_time": 0.0, "steps": 0}
+
+    real = job.fit
+
+    def run(argv, train=False):
+        held.clear()
+        monkeypatch.setattr(job, "fit", real if train else fit)
+        code, lines = main_in_process(argv, capfd)
+        return code, lines, dict(held)
+    return run
