@@ -4,7 +4,9 @@ Usage: python rank_worker.py OUT_DIR [hvdtrain flags...]
 Writes OUT_DIR/rank<R>.json (layout and results) and OUT_DIR/rank<R>.npz (every array of
 the model, BatchNorm running statistics included, named as in model.params). With
 HVDTRAIN_DUMP_START=1 it also writes OUT_DIR/rank<R>-start.npz: the arrays as training
-starts (after the first broadcast).
+starts (after the first broadcast). With HVDTRAIN_DUMP_EPOCHS=1, OUT_DIR/rank<R>-epoch<E>.npz
+after each epoch E (from 0) and OUT_DIR/rank<R>-exchanged.json: per epoch, the bytes of each
+call of the Horovod store's pushpull (gradients only: bookkeeping sums go by sum_exact).
 """
 import json
 import os
@@ -35,10 +37,39 @@ def dump_at_start(fit):
     return wrapped
 
 
+def dump_epochs(out_dir):
+    """Wrap the epoch loop and the store's pushpull to dump what HVDTRAIN_DUMP_EPOCHS asks."""
+    import hvdtrain.loop.fit
+    from hvdtrain.store.kvstore import HorovodKVStore
+    exchanged, now = {}, {"epoch": None}
+    pushpull, train_epoch = HorovodKVStore.pushpull, hvdtrain.loop.fit.train_epoch
+
+    def counted(self, key, value, out=None, priority=0):
+        arrays = value if isinstance(value, (list, tuple)) else [value]
+        exchanged.setdefault(str(now["epoch"]), []).append(
+            sum(int(a.size) * np.dtype(a.dtype).itemsize for a in arrays))
+        return pushpull(self, key, value, out, priority)
+
+    def epoch(loop, loader, state):
+        now["epoch"] = state.epoch
+        stats = train_epoch(loop, loader, state)
+        rank = loop.dist.rank
+        np.savez(os.path.join(out_dir, f"rank{rank}-epoch{now['epoch']}.npz"),
+                 **model_arrays(loop.net))
+        with open(os.path.join(out_dir, f"rank{rank}-exchanged.json"), "w") as out:
+            json.dump(exchanged, out)
+        return stats
+
+    HorovodKVStore.pushpull = counted
+    hvdtrain.loop.fit.train_epoch = epoch
+
+
 def main():
     out_dir, argv = sys.argv[1], sys.argv[2:]
     if os.environ.get("HVDTRAIN_DUMP_START") == "1":
         hvdtrain.job.fit = dump_at_start(hvdtrain.job.fit)
+    if os.environ.get("HVDTRAIN_DUMP_EPOCHS") == "1":
+        dump_epochs(out_dir)
     run = train(parse_config(argv))
     dist = run.dist
     np.savez(os.path.join(out_dir, f"rank{dist.rank}.npz"), **model_arrays(run.net))
