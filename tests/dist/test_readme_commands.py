@@ -31,8 +31,10 @@ from readme_commands import covered_commands, documents, python_blocks
 pytestmark = pytest.mark.dist
 COMMANDS = covered_commands()
 CIFAR_PATHS = ("~/data/cifar-10-batches-bin", "/data/cifar-10-batches-bin")
-# ImageNet as a folder and as a pack: stood in for by generated digit images (20 a class).
-IMAGENET_PATHS = {"~/data/imagenet-rec": "imagenet-rec", "~/data/imagenet": "imagenet"}
+# ImageNet as a folder and as a pack: stood in for by generated digit images (20 a class);
+# a user's own photos (to fine-tune on) by five other classes of them (docs/fine-tuning.md).
+IMAGENET_PATHS = {"~/data/imagenet-rec": "imagenet-rec", "~/data/imagenet": "imagenet",
+                  "~/data/photos": "photos"}
 FAR_HOSTS = ("d1", "d2")
 # One rank a far host: such a line shows the launch across hosts. Two ranks a host, each
 # launcher form, run in tests/dist/test_multihost.py and test_preflight.py.
@@ -152,12 +154,15 @@ def localize(argv, workspace):
 
 
 def ensure_images(workspace):
-    """The ImageNet stand-ins: a generated image folder and its pack (made once)."""
-    from helpers import image_sets
+    """The ImageNet stand-ins: a generated image folder and its pack, and the photos: the
+    folder's digit5..digit9 (made once)."""
+    from helpers import class_subset, image_sets
     folder, pack = image_sets(str(workspace / "images-source"), per_class=20)
     for stand_in, source in (("imagenet", folder), ("imagenet-rec", pack)):
         if not os.path.exists(workspace / stand_in):
             os.symlink(source, workspace / stand_in)
+    if not os.path.exists(workspace / "photos"):
+        class_subset(folder, str(workspace / "photos"), [f"digit{d}" for d in range(5, 10)])
 
 
 def to_loopback_hosts(argv, hosts):
