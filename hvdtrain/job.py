@@ -197,8 +197,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         worker_batch = cfg.batch_size * len(devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
         if weights is not None:  # on every rank, before rank 0's values are broadcast
-            load_start_weights(net, weights, data.num_classes, getattr(data, "classes", None),
-                               cfg.model_name)
+            load_start_weights(net, weights, data.num_classes, card["classes"], cfg.model_name)
         set_head_lr_mult(net, cfg.head_lr_mult)
         watchdog.beat("start-up (model initialised)")
         policy.prepare_model(net)

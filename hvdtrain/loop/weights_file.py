@@ -13,6 +13,10 @@
 (``get_model_file``: ``$MXNET_HOME/models``, downloaded there when missing, checked against
 the zoo's SHA-1); when it cannot, the refusal names the file to place and the folder.
 
+Where the source has a model card (a checkpoint's ``meta.json``, the ``model.json`` beside a
+run's ``model.params`` or in an export: :mod:`hvdtrain.data.card`), its model must be
+``--model``, and its class names are compared with the data's.
+
 Every rank reads the file (as every rank reads a checkpoint it resumes), and a file that
 does not read (truncated, not MXNet's format) is refused in one line before any data loads.
 """
@@ -31,6 +35,7 @@ import mxnet as mx
 from mxnet.gluon.model_zoo import model_store
 
 from ..config import ConfigError, TrainConfig
+from ..data.card import CARD_FILE, check_card, read_card
 from ..state.checkpoint_files import META, PARAMS, missing_files, read_meta
 from ..state.resume_from import resume_candidates
 from ..store.gluon_internals import model_store_url
@@ -57,8 +62,8 @@ class WeightsFile:
     arrays : dict
         Its arrays by key, as stored (``features.0.weight``, ``arg:conv0_weight``).
     classes : list of str, optional
-        The class names the weights were trained on, when the source records them (a
-        checkpoint of an image-folder run).
+        The class names the weights were trained on, when the source records them (its
+        model card).
     """
 
     path: str
@@ -140,7 +145,7 @@ def init_from(path: str, model: str) -> WeightsFile:
     if not os.path.exists(path):
         raise WeightsError(f"{flag} does not exist")
     if os.path.isfile(path):
-        return read(path, flag)
+        return _carded(read(path, flag), model)
     if os.path.exists(os.path.join(path, META)):  # a checkpoint folder
         return _checkpoint(path, read_meta(path), flag, model)
     damaged: List[str] = []
@@ -151,9 +156,9 @@ def init_from(path: str, model: str) -> WeightsFile:
         return _checkpoint(found[0].path, found[0].meta, flag, model)
     exported = _exported(path)
     if exported:
-        return read(exported, flag)
+        return _carded(read(exported, flag), model)
     if os.path.isfile(os.path.join(path, PARAMS)):
-        return read(os.path.join(path, PARAMS), flag)
+        return _carded(read(os.path.join(path, PARAMS), flag), model)
     raise WeightsError(f"{flag} holds no weights: no complete checkpoint, {PARAMS}, or "
                        f"exported model (NAME-symbol.json and NAME-0000.params)")
 
@@ -168,7 +173,22 @@ def _checkpoint(path: str, meta: Dict, flag: str, model: str) -> WeightsFile:
         raise WeightsError(f"{flag}: checkpoint {path} holds a {saved}, not --model {model}: "
                            f"give --model {saved}")
     weights = read(os.path.join(path, PARAMS), flag)
-    weights.classes = meta.get("classes")
+    card = check_card(meta["card"], os.path.join(path, META)) if "card" in meta else {}
+    weights.classes = card.get("classes") or meta.get("classes")
+    return weights
+
+
+def _carded(weights: WeightsFile, model: str) -> WeightsFile:
+    """`weights` with the class names of the model card beside its file (a run's or an
+    export's ``model.json``), if there is one; refused when the card names another model."""
+    path = os.path.join(os.path.dirname(os.path.abspath(weights.path)), CARD_FILE)
+    if not os.path.isfile(path):
+        return weights
+    card = read_card(path)
+    if card["model"] != model:
+        raise WeightsError(f"{weights.named} holds a {card['model']} (its {CARD_FILE}), not "
+                           f"--model {model}: give --model {card['model']}")
+    weights.classes = card["classes"]
     return weights
 
 

@@ -106,27 +106,38 @@ def test_other_classes_get_a_fresh_output_layer_and_one_line_says_so(start, tmp_
     assert_from(arrays, fresh, HEAD)
 
 
+@pytest.mark.parametrize("source", ["run folder", "hvdtrain-export folder"])
 def test_the_same_classes_keep_the_output_layer_and_other_names_replace_it(start, tmp_path,
-                                                                         five):
-    """A checkpoint of an image-folder run names its classes: the same number of other
-    classes (digit5.. for digit0..) is a new output layer; the same classes keep it."""
+                                                                         five, source):
+    """The model card of a run (its checkpoints' meta.json) or of an export (model.json)
+    names the classes: the same number of other classes (digit5.. for digit0..) is a new
+    output layer; the same classes keep it; a card of another model is refused."""
+    from hvdtrain.serve.export import export
     low, high = five
     run = str(tmp_path / "low")
     code, lines, _ = start(FIVE + ["--data-dir", low, "--epochs", "1", "--output-dir", run],
                            train=True)
     assert code == 0, lines
     saved = file_arrays(os.path.join(run, "model.params"))
-    code, lines, same = start(FIVE + ["--data-dir", low, "--init-from", run])
+    path = run
+    if source == "hvdtrain-export folder":
+        path = str(tmp_path / "export")
+        export(run, path, onnx=False)
+    code, lines, same = start(FIVE + ["--data-dir", low, "--init-from", path])
     assert code == 0, lines
     assert_from(same, saved)
     assert "(all of them, the output layer included)" in weights_lines(lines)[0]
-    code, lines, other = start(FIVE + ["--data-dir", high, "--init-from", run])
+    code, lines, other = start(FIVE + ["--data-dir", high, "--init-from", path])
     assert code == 0, lines
     assert_from(other, saved, [p for p in saved if p not in HEAD])
     assert not np.array_equal(other["13.weight"], saved["13.weight"])
     assert ("the output layer, initialised afresh: the same number of classes, other ones: "
             "digit5, digit6, digit7 ... here, digit0, digit1, digit2 ... in the file"
             ) in weights_lines(lines)[0]
+    code, lines, _ = start(FIVE + ["--data-dir", low, "--model", "bn_cnn", "--init-from", path])
+    assert code == 2 and len(lines) == 1, lines
+    assert "holds a pool_cnn" in lines[0] and "not --model bn_cnn: give --model pool_cnn" \
+        in lines[0], lines
 
 
 def test_resume_auto_continues_its_checkpoint_instead(start, tmp_path, two_epochs):
