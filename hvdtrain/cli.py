@@ -20,6 +20,7 @@ from .config import ConfigError, TrainConfig
 from .report.log import error_line
 from .loop.guard import NonFiniteLoss
 from .loop.together import StoppedTogether
+from .eval_job import evaluate_only
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
 from .state.writes import OutputError
 
@@ -128,7 +129,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``hvdtrain``; returns the exit status."""
     try:
         cfg = parse_config(argv)
-        train(cfg)
+        if cfg.eval_only:
+            evaluate_only(cfg)
+        else:
+            train(cfg)
     except ConfigError as err:
         error_line(f"hvdtrain: error: {err}")
         return EXIT_USAGE

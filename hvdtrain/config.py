@@ -107,6 +107,11 @@ class TrainConfig:
         "earlier run, or an exported model folder; a new run from epoch 0 (weights only, not "
         "--resume); the output layer is replaced when the classes differ",
         group="model", metavar="PATH")
+    eval_only: bool = option(
+        False, "evaluate the weights of --init-from (or --pretrained) on the validation split "
+        "and stop: no training step; top-1, top-5, per-class accuracy, the confusion matrix "
+        "and the worst-classified samples, written to --output-dir (docs/after-training.md)",
+        group="model", kind="switch")
     hybridize: bool = option(
         True, "run the model imperatively (for debugging)", group="model", kind="off-switch")
     dtype: str = option(
@@ -347,6 +352,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--commit-every is the interval of --elastic's commits: add "
                           "--elastic, or drop it")
     check_start_weights(cfg)
+    if cfg.eval_only:
+        check_eval_only(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
@@ -366,6 +373,20 @@ def check_elastic(cfg: TrainConfig) -> None:
         raise ConfigError("--elastic with --output-dir needs --resume auto: a worker that "
                           "joins later, or a relaunch, must continue from the checkpoints "
                           "the job wrote, not refuse them")
+
+
+def check_eval_only(cfg: TrainConfig) -> None:
+    """What ``--eval-only`` needs: weights to evaluate, and no flag that only training reads."""
+    if not (cfg.init_from or cfg.pretrained):
+        raise ConfigError("--eval-only evaluates existing weights: add --init-from (a run's "
+                          "output folder, a checkpoint, an export or a .params file) or "
+                          "--pretrained")
+    if cfg.resume or cfg.elastic:
+        raise ConfigError(f"--eval-only trains nothing: drop --"
+                          f"{'resume' if cfg.resume else 'elastic'}")
+    if cfg.dataset == "synthetic":
+        raise ConfigError("--eval-only on --dataset synthetic would score random images: "
+                          "evaluate on digits, cifar10, imagefolder or recordio")
 
 
 def check_start_weights(cfg: TrainConfig) -> None:

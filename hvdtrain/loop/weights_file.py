@@ -64,12 +64,15 @@ class WeightsFile:
     classes : list of str, optional
         The class names the weights were trained on, when the source records them (its
         model card).
+    model : str, optional
+        The model the source says it holds (its model card or checkpoint), if it says.
     """
 
     path: str
     flag: str
     arrays: Dict[str, mx.nd.NDArray] = field(repr=False)
     classes: Optional[List[str]] = None
+    model: Optional[str] = None
 
     @property
     def named(self) -> str:
@@ -139,8 +142,10 @@ def _quiet_store_log():
         logging.getLogger().removeHandler(quiet)
 
 
-def init_from(path: str, model: str) -> WeightsFile:
-    """Read what ``--init-from PATH`` names (see the module's docstring for the forms)."""
+def init_from(path: str, model: Optional[str]) -> WeightsFile:
+    """Read what ``--init-from PATH`` names (see the module's docstring for the forms); a
+    source that names its model must name `model` (None: any, the caller then builds the
+    source's)."""
     flag = f"--init-from {path}"
     if not os.path.exists(path):
         raise WeightsError(f"{flag} does not exist")
@@ -163,32 +168,33 @@ def init_from(path: str, model: str) -> WeightsFile:
                        f"exported model (NAME-symbol.json and NAME-0000.params)")
 
 
-def _checkpoint(path: str, meta: Dict, flag: str, model: str) -> WeightsFile:
+def _checkpoint(path: str, meta: Dict, flag: str, model: Optional[str]) -> WeightsFile:
     """The parameters of checkpoint `path`, refused when it is incomplete or holds another
     model than `model`."""
     if missing_files(path):
         raise WeightsError(f"{flag}: checkpoint {path} is incomplete: files are missing")
     saved = meta.get("model")
-    if saved and saved != model:
+    if saved and model and saved != model:
         raise WeightsError(f"{flag}: checkpoint {path} holds a {saved}, not --model {model}: "
                            f"give --model {saved}")
     weights = read(os.path.join(path, PARAMS), flag)
     card = check_card(meta["card"], os.path.join(path, META)) if "card" in meta else {}
     weights.classes = card.get("classes") or meta.get("classes")
+    weights.model = saved
     return weights
 
 
-def _carded(weights: WeightsFile, model: str) -> WeightsFile:
+def _carded(weights: WeightsFile, model: Optional[str]) -> WeightsFile:
     """`weights` with the class names of the model card beside its file (a run's or an
     export's ``model.json``), if there is one; refused when the card names another model."""
     path = os.path.join(os.path.dirname(os.path.abspath(weights.path)), CARD_FILE)
     if not os.path.isfile(path):
         return weights
     card = read_card(path)
-    if card["model"] != model:
+    if model and card["model"] != model:
         raise WeightsError(f"{weights.named} holds a {card['model']} (its {CARD_FILE}), not "
                            f"--model {model}: give --model {card['model']}")
-    weights.classes = card["classes"]
+    weights.classes, weights.model = card["classes"], card["model"]
     return weights
 
 

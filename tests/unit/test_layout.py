@@ -22,6 +22,7 @@ LEVELS = [
     {"store", "data", "runtime"},
     {"loop", "models"},
     {"check", "job", "serve"},
+    {"eval_job"},
     {"cli", "__init__"},
 ]
 LEVEL = {part: index for index, parts in enumerate(LEVELS) for part in parts}
