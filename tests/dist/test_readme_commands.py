@@ -136,8 +136,8 @@ def localize(argv, workspace):
         for path in CIFAR_PATHS:
             word = word.replace(path, str(workspace / "cifar"))
         for path, stand_in in IMAGENET_PATHS.items():
-            if word == path:
-                word = str(workspace / stand_in)
+            if word == path or word.startswith(path + "/"):  # the folder, or one inside it
+                word = str(workspace / stand_in) + word[len(path):]
                 ensure_images(workspace)
         out.append(str(workspace / word) if word.startswith("runs/") else word)
     if out[0] in ("horovodrun", "mpirun") and "-np" in out and not is_far(out) \
@@ -218,8 +218,35 @@ def shorten(argv, far=False):
     return extra
 
 
+def zoo_stand_in(model, workspace):
+    """The environment in which ``--pretrained`` finds `model`'s ImageNet weights: a stand-in
+    file (freshly initialised, 1000 classes, as the zoo's) in $MXNET_HOME/models, accepted by
+    MXNet's model store through tests/zoo_stand_in/sitecustomize.py."""
+    import hashlib
+    import mxnet as mx
+    from hvdtrain.models import build_model
+    home = workspace / "mxnet-home"
+    models = home / "models"
+    found = list(models.glob(f"{model}-*.params")) if models.exists() else []
+    if not found:
+        models.mkdir(parents=True, exist_ok=True)
+        net = build_model(model, 1000)
+        net.initialize(mx.init.Xavier())
+        net(mx.nd.zeros((1, 3, 32, 32)))
+        net.save_parameters(str(models / "stand-in.params"))
+        sha1 = hashlib.sha1((models / "stand-in.params").read_bytes()).hexdigest()
+        found = [models / f"{model}-{sha1[:8]}.params"]
+        (models / "stand-in.params").rename(found[0])
+    sha1 = hashlib.sha1(found[0].read_bytes()).hexdigest()
+    return {"MXNET_HOME": str(home), "HVDTRAIN_TEST_ZOO": f"{model}={sha1}",
+            "PYTHONPATH": os.pathsep.join(filter(None, [
+                os.path.join(REPO, "tests", "zoo_stand_in"), os.environ.get("PYTHONPATH")]))}
+
+
 def run_line(argv, workspace, hosts_factory):
     """Run a documented line here; check its exit status and what it says it writes."""
+    env = zoo_stand_in(argv[argv.index("--model") + 1], workspace) \
+        if "--pretrained" in argv else None
     argv = localize(argv, workspace)
     name = os.path.basename(argv[0])
     if name == "mpirun":
@@ -235,9 +262,12 @@ def run_line(argv, workspace, hosts_factory):
     argv = argv + shorten(argv, far)
     if argv[0].startswith(("scripts/", "examples/")):
         argv[0] = os.path.join(REPO, argv[0])
-    proc = run_command(argv, timeout=JOB_TIMEOUT)
+    proc = run_command(argv, timeout=JOB_TIMEOUT, env=env)
     assert proc.returncode == 0, f"{shlex.join(argv)}\n{proc.stdout[-4000:]}"
-    if "--output-dir" in argv:
+    if "--eval-only" in argv:
+        report = os.path.join(argv[argv.index("--output-dir") + 1], "eval.json")
+        assert json.load(open(report))["samples"] > 0
+    elif "--output-dir" in argv:
         metrics = os.path.join(argv[argv.index("--output-dir") + 1], "metrics.jsonl")
         last = json.loads(open(metrics).read().splitlines()[-1])
         assert last["event"] == "end", last
