@@ -84,22 +84,39 @@ def test_evaluation_batches_match_a_plain_pillow_decode(digit_images):
         assert labels[index] == data.test.labels[index]
 
 
-def test_augmentation_depends_on_seed_epoch_and_sample_not_on_workers(digit_images):
+def test_augmentation_depends_on_seed_epoch_and_sample_not_on_data_workers_or_rank_count(
+        digit_images):
+    """A sample is augmented alike whichever rank reads it, however many ranks there are,
+    and however many data workers decode it: the loaders of every rank of 1, 2 and 3 ranks
+    (each rank's own sampler part, in this process) give each of the epoch's first 48
+    positions the same array. Real jobs at 2 and 3 ranks: tests/dist/test_image_training.py
+    (test_augmentation_is_the_same_on_2_and_3_ranks)."""
     _, pack = digit_images
     data = load_images("recordio", pack, image_size=24)
 
-    def epoch_batches(workers, epoch, seed=1):
-        sampler = SplitSampler(len(data.train), 2, 1, shuffle=True, seed=seed)
-        sampler.set_epoch(epoch)
-        loader = ImageLoader(data.train, sampler, 16, train=True, image_size=24,
-                             data_workers=workers, seed=seed)
-        return [b for b, _ in list(loader)[:3]]
+    def augmented(ranks, workers, epoch=2, seed=1):
+        """{sample index: its array} over the first 3 batches of 16 of every rank."""
+        out = {}
+        for rank in range(ranks):
+            sampler = SplitSampler(len(data.train), ranks, rank, shuffle=True, seed=seed)
+            sampler.set_epoch(epoch)
+            loader = ImageLoader(data.train, sampler, 16, train=True, image_size=24,
+                                 data_workers=workers, seed=seed)
+            batches = [b for b, _ in list(loader)[:3]]
+            out.update(zip(sampler.indices()[:48].tolist(), np.concatenate(batches)))
+        return out
 
-    inline, threaded = epoch_batches(0, 2), epoch_batches(3, 2)
-    for a, b in zip(inline, threaded):
-        np.testing.assert_array_equal(a, b)
-    assert not np.allclose(inline[0], epoch_batches(0, 3)[0])
-    assert not np.allclose(inline[0], epoch_batches(0, 2, seed=2)[0])
+    one, two, three = augmented(1, 0), augmented(2, 3), augmented(3, 2)
+    assert len(one) == 48 and set(one) <= set(two) and set(one) <= set(three)
+    for index, array in one.items():
+        np.testing.assert_array_equal(two[index], array)
+        np.testing.assert_array_equal(three[index], array)
+    # ... and differently in another epoch, or with another seed.
+    first = next(iter(one))
+    for epoch, seed in ((3, 1), (2, 2)):
+        other = ImageLoader(data.train, SplitSampler(len(data.train)), 16, train=True,
+                            image_size=24, seed=seed).sample(first, epoch)[0]
+        assert not np.allclose(one[first], other), (epoch, seed)
 
 
 def test_a_corrupt_jpeg_and_a_damaged_record_are_skipped_and_named(digit_images, tmp_path,
