@@ -9,7 +9,9 @@ import pytest
 
 from helpers import run_command, timeline_phases, tool
 from jobs import DIGITS, JOB_TIMEOUT, LAUNCHERS, assert_same_params, launcher, run_ranks
-from hvdtrain.data.datasets import CIFAR_MEAN, CIFAR_STD, CIFAR_TEST_FILE, write_cifar_files
+from plain_gluon import epoch_order, global_batches, train_plain
+from hvdtrain.data.datasets import (CIFAR_MEAN, CIFAR_STD, CIFAR_TEST_FILE, load_digits,
+                                    write_cifar_files)
 
 pytestmark = pytest.mark.dist
 
@@ -27,21 +29,55 @@ def test_digits_trains_and_ranks_agree(name, tmp_path):
     assert_same_params(params[0], params[1])
 
 
+SEED, LR = 42, 0.1
+
+
+def plain_reference(model, start, global_batch, steps, **kwargs):
+    """The independent side (tests/plain_gluon.py): a plain Gluon Trainer (kvstore=None) in
+    this process, from the arrays a run started with, stepping once per global batch of
+    the documented strided order. `steps`: a number, or the list of index arrays."""
+    data = load_digits()
+    if isinstance(steps, int):
+        steps = global_batches(len(data.train_y), SEED, global_batch, max_steps=steps)
+    return train_plain(model, start, data.train_x, data.train_y, steps, LR, **kwargs)[0]
+
+
+def start_arrays(folder, rank=0):
+    """What rank `rank` held as training started (rank_worker.py, HVDTRAIN_DUMP_START=1)."""
+    return dict(np.load(os.path.join(folder, f"rank{rank}-start.npz")))
+
+
+DUMP_START = {"HVDTRAIN_DUMP_START": "1"}
+
+
 def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
-    flags = DIGITS + ["--sampling", "strided", "--max-steps", "5", "--lr", "0.1",
-                            "--model", "simple_cnn"]
+    """The documented sampling mode: 2 workers x batch 16 (strided) and 1 worker x batch
+    32 both train what a plain Gluon Trainer computes on the global batch of 32, positions
+    32k .. 32k+31 of the (seed, epoch) order at step k."""
+    flags = DIGITS + ["--sampling", "strided", "--max-steps", "5", "--lr", str(LR),
+                      "--model", "simple_cnn", "--seed", str(SEED)]
     (tmp_path / "two").mkdir()
     (tmp_path / "one").mkdir()
     _, two, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "two",
-                          flags + ["--batch-size", "16"])
-    _, one, _ = run_ranks([], tmp_path / "one", flags + ["--batch-size", "32"])
-    assert_same_params(two[0], one[0], tol=1e-5)
-    # The comparison must be able to fail: a different sampling mode changes the result.
-    (tmp_path / "contig").mkdir()
-    _, contig, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "contig",
-                             flags + ["--batch-size", "16", "--sampling", "contiguous"])
+                          flags + ["--batch-size", "16"], env=DUMP_START)
+    _, one, _ = run_ranks([], tmp_path / "one", flags + ["--batch-size", "32"],
+                          env=DUMP_START)
+    start = start_arrays(tmp_path / "two")
+    assert_same_params(start_arrays(tmp_path / "two", 1), start)
+    assert_same_params(start_arrays(tmp_path / "one"), start)
+    assert_same_params(two[1], two[0])
+    reference = plain_reference("simple_cnn", start, 32, 5)
+    assert_same_params(two[0], reference, tol=1e-5)
+    assert_same_params(one[0], reference, tol=1e-5)
+    # The comparison must be able to fail: the same number of samples per step, but the
+    # two halves that contiguous sampling would give the ranks (blocks of 719 positions),
+    # trains a model outside the tolerance.
+    order = epoch_order(SEED, 0, 1437)
+    blocks = [(0, np.concatenate([order[16 * k:16 * k + 16], order[719 + 16 * k:735 + 16 * k]]))
+              for k in range(5)]
     with pytest.raises(AssertionError):
-        assert_same_params(contig[0], one[0], tol=1e-5)
+        assert_same_params(two[0], plain_reference("simple_cnn", start, 32, blocks),
+                           tol=1e-5)
 
 
 BUCKET_OPTIONS = {"static": [], "imperative-fp16": ["--no-hybridize", "--fp16-allreduce"]}
@@ -49,8 +85,9 @@ BUCKET_OPTIONS = {"static": [], "imperative-fp16": ["--no-hybridize", "--fp16-al
 
 @pytest.fixture(scope="module")
 def bucket_runs(tmp_path_factory):
-    """{option: {cap: (rank 0's results, each rank's parameters)}} and rank 0's timeline of
-    the static run with many small buckets: five short jobs serving the two tests below."""
+    """{option: {cap: (rank 0's results, each rank's parameters, rank 0's starting
+    arrays)}} and rank 0's timeline of the static run with many small buckets: five short
+    jobs serving the two tests below."""
     root = tmp_path_factory.mktemp("buckets")
     timeline = root / "timeline.json"
     runs = {}
@@ -63,29 +100,45 @@ def bucket_runs(tmp_path_factory):
                 if (option, cap) == ("static", "0.002") else []
             results, params, _ = run_ranks(
                 launcher("horovodrun"), folder,
-                DIGITS + ["--max-steps", "5", "--lr", "0.1", "--model", "simple_cnn",
-                          "--grad-bucket-mb", cap] + extra + watch)
-            runs[option][cap] = results[0], params
+                DIGITS + ["--max-steps", "5", "--lr", str(LR), "--model", "simple_cnn",
+                          "--seed", str(SEED), "--sampling", "strided",
+                          "--grad-bucket-mb", cap] + extra + watch, env=DUMP_START)
+            runs[option][cap] = results[0], params, start_arrays(folder)
     return runs, timeline
 
 
 @pytest.mark.parametrize("option", list(BUCKET_OPTIONS))
 def test_gradient_buckets_leave_the_result_unchanged(option, bucket_runs):
     """Zero-copy buckets (gradients as views into one flat buffer per bucket, one in-place
-    allreduce each) against the Trainer's own one-call-per-parameter exchange: with static
-    graphs, and imperatively with float16 on the wire (cast per bucket vs per key). Gluon's
-    contract in each graph mode, case by case, is tests/dist/test_buckets.py's."""
+    allreduce each) and the Trainer's own one-call-per-parameter exchange, with static
+    graphs, and imperatively with float16 on the wire (cast per bucket vs per key), against
+    an independent reference: a plain Gluon Trainer on the global batch of 2 x 64, the
+    gradients of the two ranks' halves added (with float16 on the wire: each cast to
+    float16 and summed in float16).
+    Gluon's contract in each graph mode, case by case, is tests/dist/test_buckets.py's."""
     runs = bucket_runs[0][option]
-    for cap, (_, params) in runs.items():
+    start = runs["0"][2]
+    for cap, (_, params, started) in runs.items():
+        assert_same_params(started, start)  # every run starts from the same arrays
         # A bucket left out of the exchange would let the two shards' replicas drift apart.
         assert_same_params(params[0], params[1])
-    buckets = {cap: results["grad_buckets"] for cap, (results, _) in runs.items()}
+    buckets = {cap: results["grad_buckets"] for cap, (results, _, _) in runs.items()}
     assert buckets["0"] == 0  # the Trainer's own exchange, one call per parameter
     assert buckets["0.002"] > 1
     if "25" in buckets:
         assert buckets["25"] == 1
         assert_same_params(runs["25"][1][0], runs["0"][1][0], tol=1e-6)
     assert_same_params(runs["0.002"][1][0], runs["0"][1][0], tol=1e-6)
+    # Each rank's 64 samples make one gradient sum; the reference adds the two sums as
+    # the exchange does (a sum over all 128 at once differs by rounding, which this
+    # ReLU and max-pooling net can blow up at a tie: plain_gluon.train_plain).
+    wire = {"wire_dtype": np.float16} if "fp16" in option else {}
+    reference = plain_reference("simple_cnn", start, 128, 5, shares=2, **wire)
+    for cap, (_, params, _) in runs.items():
+        # Seen bit-identical here (a hybridized graph or not); 1e-5 per unit leaves room
+        # for kernels that round otherwise, while a bucket left out of the exchange, or
+        # float16 on the wire where float32 was asked for, moves weights by far more.
+        assert_same_params(params[0], reference, tol=1e-5)
 
 
 def test_timeline_shows_buckets_reduced_in_place(bucket_runs):

@@ -1,5 +1,6 @@
 """Training on an image folder and on its RecordIO pack under horovodrun: accuracy, sample
-coverage by id across 2 and 3 ranks, exact mid-epoch resume, bad samples."""
+coverage by id across 2 and 3 ranks, augmentation alike at 2 and 3 ranks, exact mid-epoch
+resume, bad samples."""
 import collections
 import glob
 import json
@@ -40,7 +41,7 @@ def run_images(out_dir, flags, ranks=2):
 def per_epoch(ids, train):
     """{epoch: the sample indices one rank read from a split, in order}."""
     out = collections.defaultdict(list)
-    for is_train, epoch, index in ids:
+    for is_train, epoch, index, _ in ids:
         if is_train == train:
             out[epoch].append(index)
     return dict(out)
@@ -98,22 +99,60 @@ def test_two_ranks_learn_the_pack_and_read_its_folder_in_the_same_order(trained)
         assert pack_ids[0] != pack_ids[1]  # shuffled anew each epoch
 
 
-def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, digit_images, tmp_path):
+def pack_flags(pack):
+    """2 epochs on the 480-image pack, with ImageNet's full training augmentation (crops
+    of 30-100 %, colour jitter, lighting noise): the same in every job that uses it."""
+    return ["--dataset", "recordio", "--data-dir", pack, "--epochs", "2",
+            "--min-crop-area", "0.3", "--colour-jitter", "0.4", "--pca-noise", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def pack_runs(digit_images, tmp_path_factory):
+    """{ranks: run_images' result} of pack_flags at 3 ranks (2 data workers) and at 2
+    ranks (1 data worker, with an output folder under its own: the uninterrupted run the
+    resume test continues), and {"whole": that output folder}."""
+    _, pack = digit_images
+    three_dir = str(tmp_path_factory.mktemp("three-ranks"))
+    runs = {3: run_images(three_dir, pack_flags(pack) + ["--data-workers", "2"], ranks=3)}
+    whole_dir = str(tmp_path_factory.mktemp("whole"))
+    runs["whole"] = os.path.join(whole_dir, "run")
+    runs[2] = run_images(whole_dir, pack_flags(pack) + ["--data-workers", "1",
+                                                        "--output-dir", runs["whole"]])
+    return runs
+
+
+def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, pack_runs):
     _, _, ids, _ = trained["recordio"]
     assert_each_sample_once(ids, 1438, 359, epochs=14)
-    _, pack = digit_images
-    _, _, ids3, _ = run_images(str(tmp_path), ["--dataset", "recordio", "--data-dir", pack,
-                                               "--epochs", "2", "--data-workers", "2"], ranks=3)
+    _, _, ids3, _ = pack_runs[3]
     assert_each_sample_once(ids3, 480, 120, epochs=2)
 
 
-def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images, tmp_path):
-    """Uninterrupted with 1 data worker; stopped inside epoch 2 and resumed with 3."""
+def test_augmentation_is_the_same_on_2_and_3_ranks(pack_runs):
+    """Each training sample becomes the same bytes whichever rank reads it, at 2 ranks and
+    at 3 (and with 1 or 2 data workers): augmentation draws from (seed, epoch, sample)
+    alone. The padding's samples, read twice in an epoch, agree too; epochs differ."""
+    digests = {}
+    for ranks in (2, 3):
+        seen = digests[ranks] = collections.defaultdict(set)
+        for rank_ids in pack_runs[ranks][2]:
+            for is_train, epoch, index, digest in rank_ids:
+                if is_train:
+                    seen[(epoch, index)].add(digest)
+    assert set(digests[2]) == set(digests[3]) == {(e, i) for e in (0, 1) for i in range(480)}
+    for key, found in digests[2].items():
+        assert len(found) == 1 and None not in found and found == digests[3][key], key
+    changed = sum(digests[2][(0, i)] != digests[2][(1, i)] for i in range(480))
+    assert changed == 480, changed
+
+
+def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images, pack_runs,
+                                                                   tmp_path):
+    """Uninterrupted with 1 data worker (pack_runs); stopped inside epoch 2 and resumed
+    with 3."""
     _, pack = digit_images
-    common = ["--dataset", "recordio", "--data-dir", pack, "--epochs", "2"]
-    whole_dir = str(tmp_path / "whole")
-    _, whole, _, _ = run_images(whole_dir, common + ["--data-workers", "1", "--output-dir",
-                                                     os.path.join(whole_dir, "run")])
+    common = pack_flags(pack)
+    _, whole, _, _ = pack_runs[2]
     part_dir = str(tmp_path / "part")
     run_out = os.path.join(part_dir, "run")
     run_images(part_dir, common + ["--data-workers", "3", "--output-dir", run_out,
@@ -123,7 +162,7 @@ def test_mid_epoch_resume_on_recordio_equals_the_uninterrupted_run(digit_images,
     # Both runs compute the same float32 steps in the same order: equal up to the summation
     # order of threaded BLAS kernels.
     assert_same_params(whole[0], resumed[0], tol=1e-5)
-    ends = [m for m in metrics(os.path.join(whole_dir, "run")) if m["event"] == "epoch"]
+    ends = [m for m in metrics(pack_runs["whole"]) if m["event"] == "epoch"]
     again = [m for m in metrics(run_out) if m["event"] == "epoch"]
     assert [round(m["test_acc"], 6) for m in ends] == [round(m["test_acc"], 6) for m in again]
     # What each output index means travels with the model.
