@@ -118,6 +118,17 @@ def params_by_place(net) -> dict:
     return net._collect_params_with_prefix()  # pylint: disable=protected-access
 
 
+def host_arrays(net) -> dict:
+    """Every array of `net` copied to the CPU, by its place in the net: what
+    ``save_parameters`` writes (MXNet 1.9.1 ``Parameter._reduce``: a lone copy as it is,
+    several device copies averaged). The copies are computed when this returns."""
+    arrays = {name: param._reduce()  # pylint: disable=protected-access
+              for name, param in params_by_place(net).items()}
+    for array in arrays.values():
+        array.wait_to_read()
+    return arrays
+
+
 def optimizer_states(trainer) -> bytes:
     """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
     optimizer object itself (update counts, the learning-rate scheduler)."""
