@@ -34,7 +34,7 @@ from ..options import interval_of
 from ..state.background import HostCopy
 from ..state.writes import OutputError
 from ..store.dist import DistContext
-from ..store.gluon_internals import host_arrays, optimizer_states, params_by_place
+from ..store.gluon_internals import host_arrays, optimizer_states_later, params_by_place
 from .replicas import averaged_running_stats
 from .together import Preempted, leave_together, stopped_by_failed_write
 
@@ -45,7 +45,8 @@ VOTES = ("stop", "save", "failed", "busy")
 
 def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -> HostCopy:
     """`net`'s arrays (with `replace`'s instead where it names one) and `trainer`'s optimizer
-    state, copied to host memory: all a checkpoint holds, taken while training waits."""
+    state, copied to host memory: all a checkpoint holds, taken while training waits (memory
+    copies only: the optimizer state is serialised by the write)."""
     # Writes MXNet's engine does not track (BatchNorm's running statistics under static
     # allocation: loop/replicas.py) must be done before the copy reads them.
     mx.nd.waitall()
@@ -54,7 +55,7 @@ def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -
         arrays[name] = value.copy()
     for value in arrays.values():
         value.wait_to_read()
-    return HostCopy(arrays, optimizer_states(trainer) if with_states else None)
+    return HostCopy(arrays, optimizer_states_later(trainer) if with_states else None)
 
 
 class Boundary:
@@ -100,6 +101,14 @@ class Boundary:
     def reason(self) -> Optional[str]:
         """Why this rank asked to stop (``"SIGTERM"``), or None."""
         return None if self.signals is None else self.signals.received
+
+    def why(self) -> str:
+        """Why the run stops, as this rank knows it: its own reason, or another rank's
+        request; with how many ranks asked."""
+        why = self.reason or "another rank's request"
+        if self.dist.num_workers > 1 and self.dist.synchronous:
+            why += f"; {self.stopping} of {self.dist.num_workers} ranks asked"
+        return why
 
     def vote(self) -> Tuple[int, int, int, int]:
         """This rank's vote, in the order of :data:`VOTES`."""
@@ -158,14 +167,11 @@ class Boundary:
         requeue."""
         line = ""
         if self.dist.is_root:
-            asked = self.reason or "a signal"
-            if self.dist.num_workers > 1 and self.dist.synchronous:
-                asked += f" ({self.stopping} of {self.dist.num_workers} ranks asked)"
             where = (f"{samples_in_epoch} samples into epoch {state.epoch + 1}"
                      if samples_in_epoch else f"after epoch {state.epoch}")
             saved = (f"checkpoint saved: {path}" if path else
                      "nothing saved (no --output-dir)")
-            line = (f"hvdtrain: stopped by {asked} at step {state.step}, {where}; {saved}; "
+            line = (f"hvdtrain: stopped at step {state.step}, {where} ({self.why()}); {saved}; "
                     f"exit {Preempted.status}: run it again with --resume auto to continue")
         return Preempted(line, lambda: leave_together(self.dist))
 

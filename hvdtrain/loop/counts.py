@@ -9,8 +9,8 @@ apply different updates to the same sum and drift apart. :class:`StepCounts` sum
 before the step's last forward pass so that it completes under the compute, and read when
 the update needs it. The same exchange carries every rank's vote on whether to save or stop
 at this step (hvdtrain/loop/boundary.py), so it runs in every synchronous run of more than one
-worker, in-memory datasets included (whose batches have the same size on every rank): its
-cost is in docs/performance.md ("The step's own allreduce").
+worker that votes (all but ``--elastic``), in-memory datasets included (whose batches have the
+same size on every rank): its cost is in docs/performance.md ("The step's own allreduce").
 """
 from __future__ import annotations
 

@@ -118,10 +118,12 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     done = max(per_epoch - steps_left, 0)
     ran, steps, step_used, step_skipped, skipped = 0, 0, 0, 0, 0
     # A loader that can leave unusable samples out (streamed images) makes batches of
-    # different sizes on different ranks: the step's divisor is summed over them, and with
-    # it every rank's vote on saving and stopping (one exchange per step, whatever the loader).
-    counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1)
+    # different sizes on different ranks: the step's divisor is summed over them. So is
+    # every rank's vote on saving and stopping, in every run that has one (all but --elastic):
+    # one exchange a step whatever the loader.
     boundary = loop.boundary
+    counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
+        boundary is not None or hasattr(loader, "skipped")))
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if (batch - 1) % accumulate == 0:  # the first micro-batch of a step

@@ -34,11 +34,13 @@ class HostCopy:
     params : dict of str to NDArray
         Every array by its place in the net (``save_parameters``'s names), on the CPU, each
         already computed (the copy waited for them).
-    states : bytes or None
-        ``Trainer.save_states``'s bytes; None when no optimizer state is saved.
+    states : callable or None
+        Returns ``Trainer.save_states``'s bytes (serialised when the write runs, from copies
+        taken with the arrays); None when no optimizer state is saved.
     """
 
-    def __init__(self, params: Dict[str, mx.nd.NDArray], states: Optional[bytes]):
+    def __init__(self, params: Dict[str, mx.nd.NDArray],
+                 states: Optional[Callable[[], bytes]]):
         self.params = params
         self.states = states
 
@@ -47,7 +49,7 @@ class HostCopy:
 
     def save_states(self, path: str) -> None:
         with open(path, "wb") as out:
-            out.write(self.states or b"")
+            out.write(self.states() if self.states is not None else b"")
 
     def _collect_params_with_prefix(self) -> Dict[str, mx.nd.NDArray]:
         return self.params  # each has a .shape, which is what the checkpoint's meta records

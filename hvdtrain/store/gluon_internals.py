@@ -5,7 +5,9 @@ Gluon has no public way to set up a Trainer's store before its first step
 (:func:`rehome_gradient`), or to see which array backward will really write a gradient into
 (:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory
 or skip its first-step broadcast (the elastic state: :func:`optimizer_states`,
-:func:`set_optimizer_states`, :func:`skip_first_step_broadcast`). All are needed (the broadcast before the first forward
+:func:`set_optimizer_states`, :func:`skip_first_step_broadcast`), nor to copy a model and
+its optimizer state for a background save (:func:`host_arrays`,
+:func:`optimizer_states_later`). All are needed (the broadcast before the first forward
 pass, zero-copy gradient buckets that stay correct whatever the user does to parameters), so
 the private calls live here, behind a version check: a different MXNet fails loudly at
 import instead of training subtly wrong.
@@ -13,7 +15,8 @@ import instead of training subtly wrong.
 from __future__ import annotations
 
 import ctypes
-from typing import List, Optional, Sequence
+import pickle
+from typing import Callable, List, Optional, Sequence
 
 import mxnet as mx
 from mxnet import autograd
@@ -133,6 +136,38 @@ def optimizer_states(trainer) -> bytes:
     """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
     optimizer object itself (update counts, the learning-rate scheduler)."""
     return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
+
+
+def optimizer_states_later(trainer) -> Callable[[], bytes]:
+    """:func:`optimizer_states` as they are now, serialised later (by a background write):
+    the per-parameter states are copied now (a memory copy, done when this returns) and the
+    optimizer object pickled now (small: its update counts and scheduler), so that training
+    may go on changing both. The returned function gives the bytes
+    :func:`optimizer_states` gives now (MXNet 1.9.1 ``Updater.get_states``)."""
+    # pylint: disable=protected-access
+    updater = trainer._updaters[0]
+    optimizer = updater.optimizer
+    param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
+    try:
+        frozen = pickle.dumps(optimizer)
+    finally:
+        optimizer.param_dict = param_dict
+    copied = {index: _copied(state) for index, state in updater.states.items()}
+    _copied(list(copied.values()), wait=True)
+    return lambda: pickle.dumps((copied, pickle.loads(frozen)))
+
+
+def _copied(state, wait: bool = False):
+    """`state` (an NDArray, None, or tuples and lists of them) with each array copied (or,
+    with `wait`, waited for)."""
+    if isinstance(state, mx.nd.NDArray):
+        if wait:
+            state.wait_to_read()
+            return state
+        return state.copy()
+    if isinstance(state, (tuple, list)):
+        return type(state)(_copied(part, wait) for part in state)
+    return state
 
 
 def set_optimizer_states(trainer, blob: bytes) -> None:

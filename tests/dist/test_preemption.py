@@ -11,9 +11,10 @@ import sys
 import time
 import uuid
 
+import mxnet as mx
 import pytest
 
-from helpers import tool
+from helpers import REPO, tool
 from hvdtrain.state.resume_from import latest_checkpoint
 from jobs import (JOB_TIMEOUT, assert_same_params, job_log, kill_tagged, launcher,
                   rank_pids, reap, run_ranks, tagged_launch)
@@ -216,3 +217,59 @@ def test_a_second_signal_during_the_stops_save_ends_the_job_and_keeps_the_previo
     assert [e for e in os.listdir(folder) if e.startswith(".tmp-epoch-0001-step-")]
     assert latest_checkpoint(str(tmp_path)) == str(folder / "epoch-0001")
     kill_tagged(tag)
+
+
+# Slurm's part, played here: srun starts the command as two tasks on this host (under mpirun),
+# scontrol notes a requeue. Slurm's --signal reaches the tasks: the test signals the ranks.
+FAKE_SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done  # srun's own options (--mpi=pmix ...)
+exec mpirun --allow-run-as-root --bind-to none --tag-output -np 2 -x PATH "$@"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$SCONTROL_LOG"
+"""
+
+
+def test_the_slurm_requeue_script_finishes_across_two_lives_as_in_one(reference, tmp_path):
+    """examples/slurm/requeue.sbatch under a stand-in Slurm: the first life is signalled
+    mid-epoch (SIGUSR1 to its tasks, as --signal=USR1@90 does), exits 75 and requeues the job;
+    the second runs the same script to the end. The model it saves is the uninterrupted one."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake_bin / name).write_text(text)
+        (fake_bin / name).chmod(0o755)
+    requeues = tmp_path / "requeues"
+    env = {"PATH": f"{fake_bin}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_CPUS_PER_TASK": "1", "SCONTROL_LOG": str(requeues),
+           "HVDTRAIN_HOME": os.path.dirname(os.path.dirname(os.path.dirname(sys.executable))),
+           "HVDTRAIN_OUTPUT_DIR": str(tmp_path / "run")}
+    script = os.path.join(REPO, "examples", "slurm", "requeue.sbatch")
+    statuses = []
+    for life in (1, 2):
+        tag = uuid.uuid4().hex
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            proc = tagged_launch(["bash", script] + FLAGS, tag)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    del os.environ[key]
+                else:
+                    os.environ[key] = value
+        try:
+            if life == 1:
+                wait_for(proc, rf"step 20/{STEPS}", after=r"epoch 1/2 ")
+                for pid in rank_pids(tag).values():  # Slurm signals every task of the step
+                    os.kill(pid, signal.SIGUSR1)
+            proc.wait(timeout=JOB_TIMEOUT)
+        finally:
+            out = reap(proc, tag, timeout=60)
+        statuses.append(proc.returncode)
+        if life == 1:
+            assert "requeueing job 4242" in out, out[-3000:]
+    assert statuses == [75, 0]
+    assert requeues.read_text() == "requeue 4242\n"  # once, by the first life
+    final = {k: v.asnumpy() for k, v in mx.nd.load(str(tmp_path / "run" / "model.params")).items()}
+    assert_same_params(reference("horovod")[0], final, tol=1e-6)

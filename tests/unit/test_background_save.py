@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import mxnet as mx
@@ -23,14 +24,18 @@ from hvdtrain.state.train_state import TrainState
 from hvdtrain.state.writes import OutputError
 
 
-def trained_bn_net():
-    """A net with BatchNorm (running statistics no gradient reaches) and a momentum
-    optimizer, after two steps."""
+OPTIMIZERS = {"sgd": {"learning_rate": 0.1, "momentum": 0.9},  # one state array a parameter
+              "adam": {"learning_rate": 0.01}}  # two (a tuple)
+
+
+def trained_bn_net(optimizer="sgd"):
+    """A net with BatchNorm (running statistics no gradient reaches) and an optimizer with
+    state, after two steps."""
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(4, in_units=3), gluon.nn.BatchNorm(in_channels=4),
             gluon.nn.Dense(2, in_units=4))
     net.initialize(mx.init.Uniform())
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    trainer = gluon.Trainer(net.collect_params(), optimizer, OPTIMIZERS[optimizer])
     train_step(net, trainer)
     train_step(net, trainer)
     return net, trainer
@@ -44,14 +49,22 @@ def train_step(net, trainer):
     mx.nd.waitall()
 
 
-def test_a_background_save_writes_the_bytes_gluon_writes(tmp_path):
-    net, trainer = trained_bn_net()
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_background_save_writes_the_bytes_gluon_writes(optimizer, tmp_path, monkeypatch):
+    """What Gluon writes at the save, though training changed the parameters, the optimizer
+    states and the update counts before the write ran."""
+    net, trainer = trained_bn_net(optimizer)
     # The reference: Gluon's own files, written before the background save starts.
     net.save_parameters(str(tmp_path / "gluon.params"))
     trainer.save_states(str(tmp_path / "gluon.states"))
+    trained_on = threading.Event()
+    write = HostCopy.save_parameters
+    monkeypatch.setattr(HostCopy, "save_parameters",
+                        lambda self, path: trained_on.wait(60) and write(self, path))
     saver = Checkpointer(str(tmp_path / "run"), host_copy=host_copy)
     path = saver.after_epoch(net, trainer, TrainState(epoch=1, step=2), last=True)
-    train_step(net, trainer)  # training goes on while the copy is written
+    train_step(net, trainer)  # training goes on before the copy is written
+    trained_on.set()
     assert saver.wait() == path
     assert (tmp_path / "gluon.params").read_bytes() == open(f"{path}/model.params", "rb").read()
     assert (tmp_path / "gluon.states").read_bytes() == open(f"{path}/trainer.states", "rb").read()
