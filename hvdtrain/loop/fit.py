@@ -137,7 +137,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 record = _stopped_inside_epoch(
                     net, trainer, state, outputs, stats, None, data.num_train, dist, watchdog,
                     cfg.batch_size, count_skipped(train_loader, test_loader, dist, epoch),
-                    boundary.reason)
+                    boundary.why())
                 raise boundary.preempted(state, record["checkpoint"], state.epoch_samples)
             # An epoch whose last step brought a stop request is saved unevaluated, unless
             # it ends the run.

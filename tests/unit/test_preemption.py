@@ -176,9 +176,13 @@ def test_a_stop_request_stops_without_a_save_of_its_own():
     assert b.stopping == 2 and b.checkpointer.saves == []  # fit saves the stop's checkpoint
     line = b.preempted(TrainState(epoch=1, step=5, epoch_samples=70), "DIR/epoch-0001-step-0000005",
                        70).line
-    assert line == ("hvdtrain: stopped by SIGTERM at step 5, 70 samples into epoch 2; checkpoint "
+    assert line == ("hvdtrain: stopped at step 5, 70 samples into epoch 2 (SIGTERM); checkpoint "
                     "saved: DIR/epoch-0001-step-0000005; exit 75: run it again with --resume "
                     "auto to continue")
+    # A rank that was not asked itself says why all stopped, and how many asked.
+    other = Boundary(None, None, DistContext(rank=0, num_workers=4, store=None), None, "1")
+    other.stopping = 1
+    assert other.why() == "another rank's request; 1 of 4 ranks asked"
     assert isinstance(b.preempted(TrainState(), None, 0), Preempted)
     assert Preempted.status == 75
 
