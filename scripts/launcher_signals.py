@@ -136,14 +136,14 @@ def trial(name, signum, target, mode, watch, save_s):
     seen = {}
     for when, rank, pid, text in events(folder):
         if pid in ranks and text.startswith(("got", "exit")):
-            seen.setdefault(ranks[pid], []).append(f"{text[4:] if text.startswith('got') else text} "
-                                                   f"+{when - sent:.1f}s")
+            what = text[4:] if text.startswith("got") else text
+            seen.setdefault(ranks[pid], []).append(f"{what} +{when - sent:.1f}s")
     with open(os.path.join(folder, "launcher.log")) as src:
         tail = src.read()[-300:].replace("\n", " | ")
     shutil.rmtree(folder, ignore_errors=True)
     got = "; ".join(f"rank {r}: {', '.join(v)}" for r, v in sorted(seen.items())) or "nothing"
-    deaths = ", ".join(f"rank {ranks[p]} +{t:.1f}s" for p, t in sorted(died.items(),
-                                                                          key=lambda i: ranks[i[0]]))
+    deaths = ", ".join(f"rank {ranks[p]} +{t:.1f}s"
+                       for p, t in sorted(died.items(), key=lambda item: ranks[item[0]]))
     deaths += "".join(f", rank {ranks[p]} alive after {watch:.0f}s" for p in left)
     status = (f"{launcher_exit[0]} at +{launcher_exit[1]:.1f}s" if launcher_exit
               else f"running after {watch:.0f}s")

@@ -206,7 +206,7 @@ def test_kubeflow_mpijob():
     specs = job["spec"]["mpiReplicaSpecs"]
     workers = specs["Worker"]
     launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
-    mpirun_line = _launcher_script().splitlines()[0]
+    mpirun_line = _launcher_script().replace("\\\n", " ").splitlines()[0]
     command = shlex.split(mpirun_line.rstrip("& "))
     assert command[0] == "mpirun"
     np_ = int(command[command.index("-np") + 1])
