@@ -81,6 +81,19 @@ def events(folder):
     return sorted(out)
 
 
+def trial_pids(folder):
+    """Pids of the processes whose command line names `folder`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as src:
+                if entry.isdigit() and folder.encode() in src.read():
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as src:
@@ -126,7 +139,9 @@ def trial(name, signum, target, mode, watch, save_s):
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    for pid in left:
+    # Whatever of the trial is left, in any session (hvdtrain-launch starts each process in
+    # one of its own): every process whose command line names the trial's folder.
+    for pid in left + trial_pids(folder):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -142,9 +157,9 @@ def trial(name, signum, target, mode, watch, save_s):
         tail = src.read()[-300:].replace("\n", " | ")
     shutil.rmtree(folder, ignore_errors=True)
     got = "; ".join(f"rank {r}: {', '.join(v)}" for r, v in sorted(seen.items())) or "nothing"
-    deaths = ", ".join(f"rank {ranks[p]} +{t:.1f}s"
-                       for p, t in sorted(died.items(), key=lambda item: ranks[item[0]]))
-    deaths += "".join(f", rank {ranks[p]} alive after {watch:.0f}s" for p in left)
+    deaths = ", ".join([f"rank {ranks[p]} +{t:.1f}s"
+                        for p, t in sorted(died.items(), key=lambda item: ranks[item[0]])] +
+                       [f"rank {ranks[p]} alive after {watch:.0f}s" for p in left])
     status = (f"{launcher_exit[0]} at +{launcher_exit[1]:.1f}s" if launcher_exit
               else f"running after {watch:.0f}s")
     return (f"| {name} | {signal.Signals(signum).name} to the {target} | {mode} | {got} | "
