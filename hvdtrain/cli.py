@@ -27,6 +27,7 @@ from .state.writes import OutputError
 logger = logging.getLogger("hvdtrain")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED = 0, 1, 2, 3
+EXIT_PREEMPTED = cfgmod.EXIT_PREEMPTED  # stopped by a signal, checkpoint saved: run it again
 # Horovod's error for a collective after its background thread stopped (a peer is gone).
 HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
@@ -139,10 +140,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OutputError as err:
         error_line(f"hvdtrain: error: {err}")
         return EXIT_FAILED
-    except StoppedTogether as err:
-        error_line(err.line)
+    except StoppedTogether as err:  # a failed write, or a stop asked for (Preempted)
+        if err.line:
+            error_line(err.line)
         err.leave()
-        return EXIT_FAILED
+        return err.status
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED

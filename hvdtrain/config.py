@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
 from .options import (NON_NEGATIVE, POSITIVE, ConfigError, check_range, count_or_percent,
-                      flag_name, int_list, option)
+                      epochs_steps_or_time, flag_name, int_list, option)
 from .options import flag_table as options_table
 
 HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
                   "float16 (its CPU AMP is bfloat16); train in float32 on CPUs")
 COMMIT_EVERY = 20  # --commit-every's default, in steps
+# sysexits.h's EX_TEMPFAIL ("a temporary failure; the user is invited to retry"): the status
+# of every rank of a run stopped by a signal, its checkpoint saved (docs/reliability.md,
+# "Preemption"). Here, standard library only, because hvdtrain-launch reads it too.
+EXIT_PREEMPTED = 75
 IMAGE_LAYOUTS = {"imagefolder": "train/<class>/*.jpg and val/<class>/*",
                  "recordio": "train.rec, train.idx, val.rec and val.idx"}
 
@@ -214,9 +218,11 @@ class TrainConfig:
         None, "write Horovod's timeline of every collective (rank 0) to FILE, a Chrome trace "
         "for chrome://tracing or Perfetto (docs/performance.md)", group="output",
         metavar="FILE")
-    checkpoint_every: int = option(
-        1, "save a checkpoint every N epochs, and after the last", group="output",
-        range=POSITIVE)
+    checkpoint_every: Union[int, str] = option(
+        1, "save a checkpoint every N epochs, every N steps (500steps) or every so long by "
+        "rank 0's clock (90s, 30m, 2h), and after the last; written in the background while "
+        "training goes on (docs/reliability.md)", group="output", parse=epochs_steps_or_time,
+        metavar="N|Nsteps|TIME")
     keep_checkpoints: int = option(
         3, "keep the newest K checkpoints", group="output", range=POSITIVE)
     resume: Optional[str] = option(
@@ -240,6 +246,9 @@ class TrainConfig:
 
     def __post_init__(self):
         validate(self)
+        # One spelling per value ("2epochs" is 2), as the parser gives it: checkpoints compare
+        # configurations on resume.
+        object.__setattr__(self, "checkpoint_every", epochs_steps_or_time(self.checkpoint_every))
 
     def replace(self, **changes) -> "TrainConfig":
         """Return a copy with `changes` applied (and validated)."""
@@ -303,6 +312,10 @@ def validate(cfg: TrainConfig) -> None:
             check_range(cfg, spec.name, *spec.metadata["range"])
         if spec.metadata["choices"]:
             _one_of(cfg, spec.name, spec.metadata["choices"])
+    try:
+        epochs_steps_or_time(cfg.checkpoint_every)
+    except ValueError as err:
+        raise ConfigError(f"--checkpoint-every: {err}") from None
     if cfg.amp and cfg.dtype == "float16":
         raise ConfigError("--amp already runs in mixed float16/float32: drop --dtype float16")
     if cfg.no_cuda and (cfg.amp or cfg.dtype == "float16"):

@@ -35,6 +35,7 @@ from .report.log import MetricsWriter, launch_rank, setup_logging
 from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
+from .loop.boundary import host_copy
 from .loop.build import broadcast_parameters, build_trainer, initialize
 from .loop.finetune import apply_phase, set_head_lr_mult
 from .loop.start_weights import load_start_weights
@@ -43,7 +44,9 @@ from .loop.elastic_fit import fit_elastic
 from .store.gluon_internals import skip_first_step_broadcast
 from .loop.fit import Outputs, fit
 from .loop.together import write_together
+from .options import interval_of
 from .runtime.pulse import JobPulse
+from .runtime.stop_signals import StopSignals
 from .runtime.watchdog import GLOO_TIMEOUT_ENV, Watchdog, gloo_timeout, horovod_stall_env
 from .state.writes import atomic_write, check_writable_dir
 
@@ -88,8 +91,13 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
             "num_workers": dist.num_workers,
             "global_batch": cfg.global_batch(worker_batch, dist.num_workers),
             "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}
-    saver = Checkpointer(cfg.output_dir, cfg.checkpoint_every, cfg.keep_checkpoints,
-                         enabled=dist.is_root, meta=meta, with_states=dist.synchronous)
+    unit, every = interval_of(cfg.checkpoint_every)
+    # Written in the background from a host copy, except under --elastic, whose resets
+    # would run beside a write.
+    saver = Checkpointer(cfg.output_dir, int(every) if unit == "epochs" else None,
+                         cfg.keep_checkpoints, enabled=dist.is_root, meta=meta,
+                         with_states=dist.synchronous,
+                         host_copy=None if cfg.elastic else host_copy)
     saver.extra = loss_scale_state
     return saver
 
@@ -161,14 +169,22 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     decides before any data is loaded (:class:`RunDir`). From the first collective
     (``hvd.init()``) on, a :class:`Watchdog` ends this process when no rank makes progress
     for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
-    launcher that started it is gone.
+    launcher that started it is gone (after saving, like a stop signal: :class:`StopSignals`).
+    A stop signal (or a launcher gone) ends the run at the next step boundary with its
+    checkpoint saved: :class:`~hvdtrain.loop.together.Preempted` is raised.
     """
     # Until the store knows the rank, the launcher's numbering tags the lines (and keeps
     # the INFO lines of ranks other than 0 quiet).
     setup_logging(launch_rank())
     watchdog = Watchdog(cfg.stall_timeout)
     with ExitStack() as until_the_end:  # each guard entered here lasts until the run ends
-        until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))
+        # From here a stop signal is noted, start-up included, and acted on at the first
+        # step boundary after it (an elastic run keeps the signals' usual effect).
+        signals = None if cfg.elastic else until_the_end.enter_context(
+            StopSignals(describe=watchdog.who))
+        until_the_end.enter_context(LauncherWatch(
+            launcher_chain(), describe=watchdog.who,
+            on_gone=None if signals is None else signals.request))
         check_model_name(cfg.model_name)  # what the command names, before the folder
         check_dataset(cfg.dataset, cfg.data_dir)
         if cfg.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
@@ -228,7 +244,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
         outputs = _outputs(cfg, dist, worker_batch, data, card)
-        result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
+        result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy,
+                     signals=signals)
         _finish(cfg, net, dist, watchdog, card)
         return Run(net, trainer, dist, result)
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import field
-from typing import Callable, Iterable, Optional, Tuple
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 GROUPS = ("data", "model", "optimisation", "distribution", "output")
 
@@ -37,6 +38,39 @@ def count_or_percent(text: str) -> str:
     if not 0 <= value <= (100 if text.endswith("%") else math.inf):
         raise ValueError(f"expected a count >= 0 or a percentage in [0, 100], got {text!r}")
     return text
+
+
+# --checkpoint-every's units: steps, or a time by the clock (seconds in each).
+TIME_UNITS = {"s": 1, "m": 60, "h": 3600}
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(epochs?|steps?|[smh])?\s*$")
+
+
+def epochs_steps_or_time(text) -> Union[int, str]:
+    """``"2"`` or ``"2epochs"`` (epochs), ``"500steps"``, or a time (``"90s"``, ``"30m"``,
+    ``"1.5h"``), each positive: an int for epochs (the form a plain count always had), else
+    the canonical text (``"500steps"``, ``"30m"``)."""
+    found = _INTERVAL.match(str(text))
+    number, unit = (found.group(1), found.group(2) or "") if found else ("0", "")
+    counted = unit not in TIME_UNITS  # epochs and steps are whole numbers; a time need not be
+    if float(number) <= 0 or (counted and not number.isdigit()):
+        raise ValueError(f"expected epochs (2), steps (500steps) or a time (90s, 30m, 2h), "
+                         f"each positive; got {text!r}")
+    if unit in ("", "epoch", "epochs"):
+        return int(number)
+    if unit.startswith("step"):
+        return f"{int(number)}steps"
+    return f"{number}{unit}"
+
+
+def interval_of(value) -> Tuple[str, float]:
+    """What an :func:`epochs_steps_or_time` value means: ``("epochs", 2)``,
+    ``("steps", 500)`` or ``("seconds", 1800.0)``."""
+    value = epochs_steps_or_time(value)
+    if isinstance(value, int):
+        return "epochs", value
+    if value.endswith("steps"):
+        return "steps", int(value[:-5])
+    return "seconds", float(value[:-1]) * TIME_UNITS[value[-1]]
 
 
 # A range is (low, high, low_open, high_open); high None: no upper bound.

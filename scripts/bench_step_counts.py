@@ -1,7 +1,9 @@
 """What keeping each step's sample count global costs: hvdtrain's training loop
 (``loop.epoch.train_epoch``) on 2 ranks with the count exchanged every step (as for a streamed
-loader, which can leave unusable samples out) against the same loop without it (as for an
-in-memory loader), and the latency of the exchange alone when nothing overlaps it.
+loader, which can leave unusable samples out, and, carrying the save and stop vote, for every
+run of the ``hvdtrain`` command but ``--elastic``) against the same loop without it (an
+in-memory loader in a loop with no vote: ``--elastic``, and every in-memory run before issue
+37), and the latency of the exchange alone when nothing overlaps it.
 
 Run under horovodrun with an output prefix; each rank writes PREFIX.rank<R>.json:
 

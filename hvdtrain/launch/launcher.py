@@ -170,12 +170,14 @@ def members(args, procs, workdir) -> List[Member]:
         command = (SCHEDULER_PROCESS if proc["role"] == "scheduler"
                    else runner_argv(args.command))
         name = f"{proc['role']} {proc['index']}" if proc["role"] != "scheduler" else "scheduler"
+        worker = proc["role"] == "worker"
         if proc["host"] is None:
             env = {**os.environ, **proc["env"]}
-            out.append(Member(name, list(command), env, proc["role"] == "worker"))
+            out.append(Member(name, list(command), env, worker,
+                              forward="signal" if worker else None))
         else:
             out.append(Member(name, remote_argv(args, proc, list(command), workdir),
-                              essential=proc["role"] == "worker"))
+                              essential=worker, forward="stdin" if worker else None))
     return out
 
 
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
         if args.sync_dst_dir and hosts:
             sync_dir(args, hosts, args.sync_dst_dir)
         if args.launcher == "mpi":
-            job = Job([Member("", mpi_argv(args, hosts, free_port()))])
+            job = Job([Member("", mpi_argv(args, hosts, free_port()), forward="usr1")])
         else:
             root_uri = scheduler_address(hosts, args.scheduler_host) if hosts else LOOPBACK
             procs = plan(args, hosts, root_uri, free_port(root_uri))

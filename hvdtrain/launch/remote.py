@@ -8,7 +8,10 @@ role variables for its child alone.
 It starts the command in a session of its own and
 
 - with ``--watch-stdin``, kills that session when its standard input closes: a command
-  started over ssh then dies with the launcher's ssh client instead of outliving it;
+  started over ssh then dies with the launcher's ssh client instead of outliving it; a
+  ``stop`` line on it (hvdtrain-launch passing on a stop signal) reaches a worker as SIGUSR1;
+- passes SIGUSR1 on to a worker (mpirun forwards it to its ranks): hvdtrain saves a
+  checkpoint and stops on it; TERM, INT and HUP kill the command;
 - with ``--mpi-role``, takes its role from its MPI rank (0: scheduler, 1..S: servers, the
   rest: workers) before MXNet is imported, and prefixes its output with that role; servers
   and workers run the command through ``runner.py``, as the launcher does for the others;
@@ -121,14 +124,26 @@ def main(argv=None):
         except ProcessLookupError:
             pass
 
+    def ask_to_stop(*_):
+        if env.get("DMLC_ROLE") == "worker":  # a server or the scheduler would just die
+            try:
+                os.killpg(child.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, kill_child)
+    signal.signal(signal.SIGUSR1, ask_to_stop)
     if args.watch_stdin:
         def watch():
             # os.read, not sys.stdin: a buffered reader's lock held by this thread would
             # abort the interpreter at shutdown.
-            while os.read(0, 4096):
-                pass
+            while True:
+                data = os.read(0, 4096)
+                if not data:
+                    break
+                if b"stop" in data:
+                    ask_to_stop()
             kill_child()
         threading.Thread(target=watch, daemon=True).start()
     if prefix:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from ..config import EXIT_PREEMPTED
 from .remote import exit_status
 
 
@@ -28,12 +29,20 @@ class Member:
     essential : bool
         The job is done when every essential member exited 0 (workers); the others
         (scheduler, servers) are then given `linger` seconds to stop on their own.
+    forward : str or None
+        How a stop signal the launcher gets reaches this member, which then saves and stops
+        (hvdtrain does, on SIGTERM, SIGINT or SIGUSR1): ``"signal"`` sends it to the member's
+        process group (a worker here), ``"stdin"`` writes a stop line to its standard input
+        (a worker over ssh: remote.py passes it on as SIGUSR1), ``"usr1"`` sends SIGUSR1
+        (mpirun, which forwards SIGUSR1 to its ranks and kills them on TERM or INT); None:
+        not at all (the scheduler and servers, which the workers still need to save).
     """
 
     name: str
     argv: List[str]
     env: Optional[Dict[str, str]] = None
     essential: bool = True
+    forward: Optional[str] = None
     process: Optional[subprocess.Popen] = field(default=None, repr=False)
 
 
@@ -47,12 +56,22 @@ class StartError(Exception):
         self.status = 127 if isinstance(error, FileNotFoundError) else 126
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_LINE = b"stop\n"  # what a worker over ssh reads on its standard input (remote.py)
+REPEAT_WINDOW = 2.0  # seconds in which another signal is the first one delivered again
+
+
 class Job:
     """Start `members`, stream their output, and end together.
 
     The job fails with the first non-zero exit status of any member, at which point every
-    other member's process group is killed. Ctrl-C or SIGTERM kills them all too. Each member
-    runs in a session of its own so that whatever it starts dies with it.
+    other member's process group is killed; a worker that stopped on request
+    (:data:`EXIT_PREEMPTED`, checkpoint saved) is waited for with the other workers instead,
+    so that none is killed while it saves. A first SIGTERM, SIGINT (Ctrl-C) or SIGUSR1 is
+    passed on to the workers (see :class:`Member`'s `forward`), which stop at the next step
+    boundary with a checkpoint; a second one, or the first when no member takes it, kills
+    them all. Each member runs in a session of its own so that whatever it starts dies with
+    it.
     """
 
     def __init__(self, members: List[Member], linger: float = 20.0, out=None):
@@ -97,18 +116,45 @@ class Job:
         for pump in self._pumps:
             pump.join(timeout=2)
 
+    def forward(self, signum: int) -> bool:
+        """Pass a stop signal on to the members that take one; whether any did."""
+        passed = False
+        for member in self.members:
+            if member.forward is None or member.process is None or \
+                    member.process.poll() is not None:
+                continue
+            try:
+                if member.forward == "stdin":
+                    member.process.stdin.write(STOP_LINE)
+                    member.process.stdin.flush()
+                elif member.forward == "usr1":
+                    os.kill(member.process.pid, signal.SIGUSR1)
+                else:
+                    os.killpg(member.process.pid, signum)
+                passed = True
+            except (OSError, ValueError):  # it has just exited, or its stdin is closed
+                pass
+        return passed
+
     def wait(self, poll: float = 0.1) -> int:
         """Wait until the job succeeds or a member fails; return the job's exit status."""
-        done_at = None
+        done_at, stopped = None, False
         while True:
             for member in self.members:
                 code = member.process.poll()
-                if code not in (None, 0):
+                if code == EXIT_PREEMPTED and member.essential:
+                    stopped = True  # saved and stopped on request: wait for the others
+                elif code not in (None, 0):
                     self._say(f"{member.name or 'command'} exited with status "
                               f"{exit_status(code)}; stopping the job")
                     self.kill()
                     return exit_status(code)
             running = [m for m in self.members if m.process.poll() is None]
+            if stopped and not any(m.essential for m in running):
+                self._say(f"workers stopped on request (status {EXIT_PREEMPTED}); stopping "
+                          f"the job")
+                self.kill()
+                return EXIT_PREEMPTED
             if not running:
                 break
             if done_at is None and not any(m.essential for m in running):
@@ -121,11 +167,21 @@ class Job:
         return 0
 
     def run(self) -> int:
-        """Start, wait, and clean up on Ctrl-C or SIGTERM; return the exit status."""
+        """Start, wait, pass a stop signal on (a second one kills the job); return the exit
+        status."""
+        first = []  # (signal, when) of the first stop signal
+
         def on_signal(signum, _frame):
+            if not first and self.forward(signum):
+                first.append(time.monotonic())
+                self._say(f"got {signal.Signals(signum).name}: passed on to the workers, which "
+                          f"save a checkpoint and stop (a second signal stops the job at once)")
+                return
+            if first and time.monotonic() - first[0] < REPEAT_WINDOW:
+                return  # the same request delivered twice (Ctrl-C, then a supervisor)
             raise KeyboardInterrupt(signum)
 
-        previous = signal.signal(signal.SIGTERM, on_signal)
+        previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
         try:
             self.start()
             return self.wait()
@@ -138,7 +194,8 @@ class Job:
             signum = interrupt.args[0] if interrupt.args else signal.SIGINT
             return 128 + int(signum)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _say(self, message: str):
         with self._lock:

@@ -7,13 +7,15 @@ the samples that contributed on every rank together, the same on every rank, or 
 apply different updates to the same sum and drift apart. :class:`StepCounts` sums
 (used, skipped) over the workers once per step: one exact allreduce of two numbers, issued
 before the step's last forward pass so that it completes under the compute, and read when
-the update needs it. Loaders that never leave a sample out (the in-memory datasets) need no
-such exchange: every rank's batch has the same size.
+the update needs it. The same exchange carries every rank's vote on whether to save or stop
+at this step (hvdtrain/loop/boundary.py), so it runs in every synchronous run of more than one
+worker that votes (all but ``--elastic``), in-memory datasets included (whose batches have the
+same size on every rank): its cost is in docs/performance.md ("The step's own allreduce").
 """
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import mxnet as mx
 
@@ -53,15 +55,16 @@ def check_bad_samples(what: str, skipped: int, total: int, limit: str, examples:
 
 
 class StepCounts:
-    """The global count of samples behind each optimizer step, and of those left out.
+    """The global count of samples behind each optimizer step, of those left out, and the
+    sum of every rank's vote.
 
     Parameters
     ----------
     dist : DistContext
     exchange : bool
-        Sum the counts over the workers (a loader that can leave samples out, under a
-        synchronous store with more than one worker); else every rank's count is taken to
-        be the same and multiplied by the number of workers.
+        Sum the counts and votes over the workers (a synchronous store with more than one
+        worker); else every rank's sample count is taken to be the same and multiplied by
+        the number of workers, and the votes are this rank's own.
 
     With a count of 0 (every sample of the step, on every rank, was unusable) the caller
     takes no update: there is nothing to average.
@@ -71,23 +74,23 @@ class StepCounts:
         self.dist = dist
         self.exchange = exchange
         self._pending: Optional[mx.nd.NDArray] = None
-        self._local = (0, 0)
+        self._local: Tuple[int, int, Tuple[int, ...]] = (0, 0, ())
 
-    def submit(self, used: int, skipped: int) -> None:
-        """This rank's samples used and left out in the step about to finish; the sum
-        over the workers starts now, in the background, when it must be exchanged."""
-        self._local = (used, skipped)
+    def submit(self, used: int, skipped: int, votes: Sequence[int] = ()) -> None:
+        """This rank's samples used and left out in the step about to finish, and its
+        `votes`; the sum over the workers starts now, in the background, when exchanged."""
+        self._local = (used, skipped, tuple(votes))
         if self.exchange:
-            counts = mx.nd.array([used, skipped])  # float32: exact to 2**24 a step
-            self._pending = self.dist.sum_across_workers("step_samples", counts)
+            counts = mx.nd.array([used, skipped, *votes])  # float32: exact to 2**24 a step
+            self._pending = self.dist.sum_across_workers("step_counts", counts)
 
-    def result(self) -> Tuple[int, int]:
-        """(used, skipped) of the step over all workers; waits for the sum if needed."""
+    def result(self) -> Tuple[int, int, Tuple[int, ...]]:
+        """(used, skipped, votes) of the step over all workers; waits for the sum if needed."""
         if self._pending is not None:
-            used, skipped = (int(round(v)) for v in self._pending.asnumpy())
+            summed = [int(round(v)) for v in self._pending.asnumpy()]
             self._pending = None
-            return used, skipped
+            return summed[0], summed[1], tuple(summed[2:])
         # Not exchanged: every rank's batch has this size (an in-memory loader never leaves
-        # a sample out), or there is one worker; a skip count is then this rank's own.
-        used, skipped = self._local
-        return used * self.dist.num_workers, skipped
+        # a sample out), or there is one worker; a skip count and votes are this rank's own.
+        used, skipped, votes = self._local
+        return used * self.dist.num_workers, skipped, votes

@@ -19,6 +19,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import precision
+from .boundary import Boundary
 from .batches import clear_gradients, split_batch, zero_gradients
 from .counts import StepCounts, check_bad_samples
 from ..store.dist import DistContext
@@ -74,6 +75,8 @@ class Loop:
     # Elastic training's hook, called as commit(state, "step") after every step but an
     # epoch's last (fit calls it at the epoch's end: see fit).
     commit: Optional[Callable[[TrainState, str], None]] = None
+    # Save and stop decisions, voted with each step's counts (loop/boundary.py).
+    boundary: Optional[Boundary] = None
 
 
 def training_loss(smoothing: float):
@@ -115,15 +118,19 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     done = max(per_epoch - steps_left, 0)
     ran, steps, step_used, step_skipped, skipped = 0, 0, 0, 0, 0
     # A loader that can leave unusable samples out (streamed images) makes batches of
-    # different sizes on different ranks: the step's divisor is then summed over them.
-    counts = StepCounts(dist, exchange=hasattr(loader, "skipped") and dist.synchronous and
-                        dist.num_workers > 1)
+    # different sizes on different ranks: the step's divisor is summed over them. So is
+    # every rank's vote on saving and stopping, in every run that has one (all but --elastic):
+    # one exchange a step whatever the loader.
+    boundary = loop.boundary
+    counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
+        boundary is not None or hasattr(loader, "skipped")))
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if (batch - 1) % accumulate == 0:  # the first micro-batch of a step
-            # --max-steps stops at a step boundary only: a checkpoint never holds part of
-            # a step's gradient sum.
-            if loop.max_steps is not None and state.step >= loop.max_steps:
+            # --max-steps and a stop request stop at a step boundary only: a checkpoint
+            # never holds part of a step's gradient sum.
+            if (loop.max_steps is not None and state.step >= loop.max_steps) or \
+                    (boundary is not None and boundary.stopping):
                 break
             # The schedule follows the position in the epoch, so it does not depend on how
             # many workers earlier epochs ran with (a resumed run may have a different count).
@@ -135,7 +142,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         step_used += len(labels)
         step_skipped += positions - len(labels)
         if last_of_step:  # summed over the workers while this batch computes
-            counts.submit(step_used, step_skipped)
+            counts.submit(step_used, step_skipped, boundary.vote() if boundary else ())
         if len(labels):
             batch_loss = _forward_backward(loop, loss_fn, images, labels, device, correct,
                                            loss_sum)
@@ -155,7 +162,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             bar.update(1)
         if not last_of_step:
             continue  # more micro-batches add to this step's gradients
-        used, left_out = counts.result()
+        used, left_out, votes = counts.result()
         skipped += left_out
         if dist.synchronous:
             # The gradients summed over the step's micro-batches and the workers: the
@@ -177,6 +184,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
                               loader.skipped, state.epoch)
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
+        if boundary is not None:
+            boundary.after_step(votes, state, last_of_epoch=batch == micro_batches)
         if loop.commit is not None and batch != micro_batches:
             loop.commit(state, "step")
         if bar is not None:

@@ -4,150 +4,79 @@ made by :mod:`hvdtrain.loop.build`.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional
-
-import mxnet as mx
+from typing import Callable, Optional
 
 from . import precision
-from ..state.checkpoint import Checkpointer
-from ..state.checkpoint_files import CHECKPOINTS
 from ..config import TrainConfig
 from ..data.datasets import Dataset
 from ..store.dist import DistContext
 from .build import build_loaders
 from .counts import check_bad_samples
+from .boundary import Boundary
 from .epoch import Loop, train_epoch
 from .finetune import apply_phase
+from .outputs import (Outputs, checkpoint, count_skipped, figures, finish_writing,  # noqa: F401
+                      write_epoch)
 from ..state.train_state import TrainState
 from .evaluate import evaluate
 from .guard import FiniteGuard
 from .together import write_together
-from ..report.log import MetricsWriter
 from .replicas import average_running_stats
-from ..report.progress import TensorBoardWriter, summary_lines
+from ..report.progress import summary_lines
 from .schedule import effective_base_lr, lr_at
+from ..runtime.stop_signals import StopSignals
 from ..runtime.watchdog import Watchdog
 
 logger = logging.getLogger("hvdtrain")
-
-def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
-    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
-    as the metrics record's fields; rank 0 warns once with the totals (each rank has already
-    named its own bad samples, one warning each). In-memory loaders leave none out."""
-    if not hasattr(train_loader, "skipped"):
-        return dict(skipped_train_samples=0, skipped_val_samples=0)
-    mine = [len(loader.skipped) for loader in (train_loader, test_loader)]
-    if dist.synchronous:
-        mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
-    train, val = (int(n) for n in mine)
-    # Without a synchronous store the counts are this rank's own: then each rank says its own.
-    if (train or val) and (dist.rank == 0 or not dist.synchronous):
-        logger.warning("epoch %d: %d training and %d validation sample(s) could not be read "
-                       "or decoded and were left out (named in the warnings above, by the "
-                       "rank that met them)", epoch + 1, train, val)
-    return dict(skipped_train_samples=train, skipped_val_samples=val)
-
-
-@dataclass
-class Outputs:
-    """Where a run's results go; every part is a no-op off the root rank."""
-
-    metrics: MetricsWriter = field(default_factory=lambda: MetricsWriter(None))
-    checkpointer: Optional[Checkpointer] = None
-    tensorboard: Optional[TensorBoardWriter] = None
-    output_dir: Optional[str] = None
-
-    def written(self) -> List[str]:
-        """What this rank writes, for the closing summary: each part only if it is on."""
-        paths = []
-        if self.metrics.path:
-            paths.append(self.metrics.path)
-        if self.checkpointer is not None and self.checkpointer.output_dir:
-            paths.append(os.path.join(self.checkpointer.output_dir, CHECKPOINTS) + "/")
-        if self.output_dir:  # the job saves model.params there after fit()
-            paths.append(os.path.join(self.output_dir, "model.params"))
-        if self.tensorboard is not None and self.tensorboard.writer is not None:
-            paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
-        return paths
-
-
-def _figures(stats, result, trainer, dist: DistContext, batch_size: int) -> dict:
-    """What an epoch's record and a stop's record both say about the training measured."""
-    # The sample counts over all ranks, so that a reader can check each epoch's coverage.
-    return dict(train_loss=stats.loss, train_acc=stats.accuracy, test_acc=result.accuracy,
-                train_samples=stats.samples, test_samples=int(result.count),
-                test_top5=result.top5, test_loss=result.loss,
-                samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
-                lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size)
 
 
 def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
                           result, epoch_length: int, dist: DistContext,
                           watchdog: Optional[Watchdog], batch_size: int,
-                          skipped: dict) -> dict:
-    """Record a stop inside an epoch (``--max-steps``) with what the part of the epoch that
-    ran measured (steps, time, throughput), and return that record. The epoch is not counted
-    as done; its checkpoint keeps the samples processed so that a resume runs only the rest."""
+                          skipped: dict, reason: Optional[str] = None) -> dict:
+    """Record a stop inside an epoch (``--max-steps``, or the stop asked for `reason`, whose
+    evaluation is skipped: `result` None) with what the part of the epoch that ran measured
+    (steps, time, throughput), save its checkpoint and wait for it; return that record. The
+    epoch is not counted as done; its checkpoint keeps the samples processed so that a
+    resume runs only the rest."""
+    tested = (f"test acc {result.accuracy:.4f}  top-5 {result.top5:.4f}" if result is not None
+              else "not evaluated")
     logger.info("stopped at step %d, %d of %d samples into epoch %d  train loss %.4f  "
-                "train acc %.4f  test acc %.4f  top-5 %.4f  %.1f samples/s over %d steps in "
-                "%.2fs", state.step, min(state.epoch_samples, epoch_length), epoch_length,
-                state.epoch + 1, stats.loss, stats.accuracy, result.accuracy, result.top5,
-                stats.samples_per_sec, stats.steps, stats.seconds)
+                "train acc %.4f  %s  %.1f samples/s over %d steps in %.2fs", state.step,
+                min(state.epoch_samples, epoch_length), epoch_length, state.epoch + 1,
+                stats.loss, stats.accuracy, tested, stats.samples_per_sec, stats.steps,
+                stats.seconds)
     record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
-                  steps=stats.steps, **_figures(stats, result, trainer, dist, batch_size),
-                  **skipped)
+                  steps=stats.steps, **figures(stats, result, trainer, dist, batch_size),
+                  **skipped, **({"stopped_by": reason} if reason else {}))
 
     def write():
         outputs.metrics.write("stop", **record)
-        _checkpoint(outputs, net, trainer, state, True, watchdog)
+        record["checkpoint"] = checkpoint(outputs, net, trainer, state, True, watchdog,
+                                          wait=True)
 
     write_together(dist, write, f"step {state.step}")
     return record
-
-
-def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: dict,
-                   last: bool, watchdog: Optional[Watchdog]) -> None:
-    """Rank 0's writes after an epoch: its metrics record, scalars and checkpoint."""
-    outputs.metrics.write("epoch", **record)
-    if outputs.tensorboard is not None:
-        outputs.tensorboard.epoch(record["epoch"], train_loss=record["train_loss"],
-                                  train_acc=record["train_acc"], test_loss=record["test_loss"],
-                                  test_acc=record["test_acc"],
-                                  train_samples_per_sec=record["samples_per_sec"],
-                                  train_lr=record["lr"])
-    _checkpoint(outputs, net, trainer, state, last, watchdog)
-
-
-def _checkpoint(outputs: Outputs, net, trainer, state: TrainState, last: bool,
-                watchdog: Optional[Watchdog]) -> None:
-    """Rank 0 writes the checkpoint due (if any): busy, so neither its watchdog nor those of
-    the ranks waiting for it take a write to slow storage for a stall."""
-    checkpointer = outputs.checkpointer
-    if checkpointer is None:
-        return
-    writing = watchdog is not None and checkpointer.output_dir is not None
-    with watchdog.busy("writing a checkpoint") if writing else contextlib.nullcontext():
-        checkpointer.after_epoch(net, trainer, state, last=last)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
         outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None,
-        commit: Optional[Callable[[TrainState, str], None]] = None) -> dict:
+        commit: Optional[Callable[[TrainState, str], None]] = None,
+        signals: Optional[StopSignals] = None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step and evaluation
     batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
     (default: the configuration's) says how the steps compute. `commit(state, point)` is
     elastic training's hook: `point` is ``"step"`` after every step but an epoch's last,
     ``"epoch done"`` once an epoch is trained and evaluated, before its outputs are written,
-    and ``"epoch written"`` after them."""
+    and ``"epoch written"`` after them. `signals` notes this rank's stop requests: when any
+    rank has one, every rank stops at the same step boundary, the checkpoint is saved, and
+    :class:`~hvdtrain.loop.together.Preempted` is raised (loop/boundary.py)."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -172,6 +101,10 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 cfg.max_steps, cfg.log_interval, show_progress,
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
                 cfg.accumulate, cfg.max_bad_samples, data.num_train, commit)
+    # Saves and stops voted at step boundaries; an elastic run commits in memory instead.
+    boundary = None if commit is not None else Boundary(
+        net, trainer, dist, outputs.checkpointer, cfg.checkpoint_every, signals, loop.guard)
+    loop.boundary = boundary
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -188,49 +121,73 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     run_start = time.perf_counter()
     result = None
     epochs, stopped = [], None
-    while state.epoch < cfg.epochs:
-        if cfg.max_steps is not None and state.step >= cfg.max_steps:
-            break
-        epoch = state.epoch
-        apply_phase(net, trainer, cfg, epoch)  # --freeze-epochs: from the epoch alone
-        train_loader.sampler.set_epoch(epoch, state.epoch_samples)
-        stats = train_epoch(loop, train_loader, state)
-        # Training stops here until the next epoch: what is evaluated now, checkpointed
-        # below and saved at the end is one model, the same on every rank and device.
-        average_running_stats(net, dist)
-        test_loader.sampler.set_epoch(epoch)  # the same order; names the epoch it scores
-        result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
-                          on_batch=None if watchdog is None else
-                          lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
-        skipped = count_skipped(train_loader, test_loader, dist, epoch)
-        if skipped["skipped_val_samples"] or not result.count:
-            check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
-                              cfg.max_bad_samples, getattr(test_loader, "skipped", []), epoch,
-                              used=int(result.count))
-        if not stats.complete:
-            stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
-                                            data.num_train, dist, watchdog, cfg.batch_size,
-                                            skipped)
-            break
-        state.epoch += 1
-        state.epoch_samples = 0
-        logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
-                    "top-5 %.4f  %.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss,
-                    stats.accuracy, result.accuracy, result.top5, stats.samples_per_sec,
-                    stats.seconds)
-        record = dict(epoch=epoch, step=state.step,
-                      **_figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
-        epochs.append(record)
-        stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
-        if commit is not None:
-            commit(state, "epoch done")
-        write_together(dist, lambda: _epoch_outputs(
-            outputs, net, trainer, state, record, stopping or state.epoch == cfg.epochs,
-            watchdog), f"step {state.step}")
-        if commit is not None:
-            commit(state, "epoch written")
-        if stopping:
-            break
+    try:
+        while state.epoch < cfg.epochs:
+            if cfg.max_steps is not None and state.step >= cfg.max_steps:
+                break
+            epoch = state.epoch
+            apply_phase(net, trainer, cfg, epoch)  # --freeze-epochs: from the epoch alone
+            train_loader.sampler.set_epoch(epoch, state.epoch_samples)
+            stats = train_epoch(loop, train_loader, state)
+            # Training stops here until the next epoch: what is evaluated now, checkpointed
+            # below and saved at the end is one model, the same on every rank and device.
+            average_running_stats(net, dist)
+            asked = bool(boundary is not None and boundary.stopping)
+            last = state.epoch + 1 >= cfg.epochs or (
+                cfg.max_steps is not None and state.step >= cfg.max_steps)
+            if asked and not stats.complete:  # saved at once: no evaluation
+                record = _stopped_inside_epoch(
+                    net, trainer, state, outputs, stats, None, data.num_train, dist, watchdog,
+                    cfg.batch_size, count_skipped(train_loader, test_loader, dist, epoch),
+                    boundary.why())
+                raise boundary.preempted(state, record["checkpoint"], state.epoch_samples)
+            # An epoch whose last step brought a stop request is saved unevaluated, unless
+            # it ends the run.
+            result = None if asked and not last else _evaluate(
+                net, test_loader, devices, dist, loop, watchdog, epoch)
+            skipped = count_skipped(train_loader, test_loader, dist, epoch)
+            if result is not None and (skipped["skipped_val_samples"] or not result.count):
+                check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
+                                  cfg.max_bad_samples, getattr(test_loader, "skipped", []),
+                                  epoch, used=int(result.count))
+            if not stats.complete:
+                stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
+                                                data.num_train, dist, watchdog,
+                                                cfg.batch_size, skipped)
+                break
+            state.epoch += 1
+            state.epoch_samples = 0
+            logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  %s  %.1f samples/s  "
+                        "%.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
+                        "not evaluated (stopping)" if result is None else
+                        f"test acc {result.accuracy:.4f}  top-5 {result.top5:.4f}",
+                        stats.samples_per_sec, stats.seconds)
+            record = dict(epoch=epoch, step=state.step,
+                          **figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
+            epochs.append(record)
+            stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
+            # Asked to stop during the last step, the evaluation or just now: every rank
+            # learns of it here (one collective an epoch), and the checkpoint is written now.
+            asked = boundary is not None and not last and bool(boundary.stop_agreed())
+            if commit is not None:
+                commit(state, "epoch done")
+            due = last or asked or (boundary is not None and boundary.pending)
+            saved = []
+            write_together(dist, lambda: saved.append(write_epoch(
+                outputs, net, trainer, state, record, due, last or asked, watchdog)),
+                f"step {state.step}")
+            if boundary is not None and (saved[0] or due):
+                boundary.saved()
+            if commit is not None:
+                commit(state, "epoch written")
+            if asked:
+                raise boundary.preempted(state, saved[0], 0)
+            if stopping:
+                break
+    except BaseException:
+        if outputs.checkpointer is not None:
+            finish_writing(outputs.checkpointer, watchdog)
+        raise
     total_time = time.perf_counter() - run_start
     test_acc = result.accuracy if result else None
 
@@ -246,3 +203,12 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
             "total_time": total_time, "steps": state.step}
+
+
+def _evaluate(net, test_loader, devices, dist: DistContext, loop: Loop,
+              watchdog: Optional[Watchdog], epoch: int):
+    """The epoch's evaluation: every test sample once over the ranks."""
+    test_loader.sampler.set_epoch(epoch)  # the same order; names the epoch it scores
+    return evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
+                    on_batch=None if watchdog is None else
+                    lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))

@@ -10,7 +10,7 @@ to the statistics of the global batch.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -41,10 +41,25 @@ def average_running_stats(net, dist: DistContext) -> int:
     int
         Number of arrays averaged (0 when there was nothing to do).
     """
+    averages = averaged_running_stats(net, dist)
+    for param, value in averages:
+        for copy in param.list_data():
+            value.copyto(copy)
+    if averages:
+        mx.nd.waitall()  # and no later untracked write may overtake these copies
+    return len(averages)
+
+
+def averaged_running_stats(net, dist: DistContext) -> List[Tuple[object, mx.nd.NDArray]]:
+    """(parameter, its average over devices and ranks, on the CPU) for each untrained array
+    of `net`, as :func:`average_running_stats` computes them, without writing them back: what
+    a checkpoint taken in the middle of an epoch saves while training goes on with each
+    rank's own. Every rank must call it at the same point; empty when there is nothing to
+    average."""
     params = untrained_params(net)
     across_ranks = dist.num_workers > 1 and dist.synchronous
     if not params or (not across_ranks and len(params[0].list_ctx()) == 1):
-        return 0
+        return []
     # Under hybridize(static_alloc=True), MXNet 1.9.1's engine does not know that
     # BatchNorm's backward writes the running statistics: reading them waits for nothing,
     # and sees older values. Only waiting for everything makes them current.
@@ -63,15 +78,12 @@ def average_running_stats(net, dist: DistContext) -> int:
     flat = mx.nd.concat(*parts, dim=0)
     if across_ranks:
         flat = dist.sum_across_workers(COLLECTIVE_NAME, flat)
-    offset = 0
+    out, offset = [], 0
     for param, is_float in zip(params, averaged):
         size = int(np.prod(param.shape))
         value = flat[offset:offset + size].reshape(param.shape)
         offset += size
         if across_ranks and is_float:
             value = value / dist.num_workers
-        value = value.astype(param.dtype)
-        for copy in param.list_data():
-            value.copyto(copy)
-    mx.nd.waitall()  # and no later untracked write may overtake these copies
-    return len(params)
+        out.append((param, value.astype(param.dtype)))
+    return out

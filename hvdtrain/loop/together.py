@@ -19,10 +19,11 @@ Horovod sees its peer vanish.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, List, Optional
 
 import mxnet as mx
 
+from ..config import EXIT_PREEMPTED
 from ..state.writes import OutputError
 from ..store.dist import DistContext
 
@@ -42,6 +43,8 @@ class StoppedTogether(RuntimeError):
         the store down in order. Never raises.
     """
 
+    status = 1  # the exit status of every rank (cli.EXIT_FAILED)
+
     def __init__(self, line: str, leave: Callable[[], None]):
         super().__init__(line)
         self.line = line
@@ -53,6 +56,14 @@ class StoppedTogether(RuntimeError):
         except Exception:  # pylint: disable=broad-except
             # A peer that died meanwhile: nothing left to wait for.
             logger.debug("leaving together failed", exc_info=True)
+
+
+class Preempted(StoppedTogether):
+    """Every rank stopped at the same step boundary because one of them was asked to (a
+    signal, its launcher gone), the checkpoint saved: exit :data:`EXIT_PREEMPTED`. `line`
+    (rank 0's, naming the checkpoint; empty on the others) is the job's one line."""
+
+    status = EXIT_PREEMPTED
 
 
 def write_together(dist: DistContext, write: Callable[[], None], where: str) -> None:
@@ -76,19 +87,27 @@ def write_together(dist: DistContext, write: Callable[[], None], where: str) -> 
     flags[dist.rank] = float(failed is not None)
     ranks = [rank for rank, flag in
              enumerate(dist.sum_across_workers("outputs_written", flags).asnumpy()) if flag]
-    if not ranks:
-        return
+    if ranks:
+        raise stopped_by_failed_write(dist, failed, ranks, where)
+
+
+def stopped_by_failed_write(dist: DistContext, failed: Optional[OutputError], ranks: List[int],
+                            where: str) -> StoppedTogether:
+    """What every rank raises when `ranks` could not write their outputs: this rank's own
+    failure (`failed`) as its line, or which ranks failed and where (`where`) all stopped."""
     if failed is not None:
         line = f"hvdtrain: error: {failed}"
     else:
         line = (f"hvdtrain: error: rank {', '.join(map(str, ranks))} could not write its "
                 f"outputs (its own line says why); every rank stopped at {where}")
-    raise StoppedTogether(line, lambda: _leave(dist))
+    return StoppedTogether(line, lambda: leave_together(dist))
 
 
-def _leave(dist: DistContext) -> None:
-    """A last collective, then the store's orderly shutdown (Horovod's, where it has one)."""
-    dist.sum_across_workers("leave", mx.nd.zeros(1)).asnumpy()
+def leave_together(dist: DistContext) -> None:
+    """A last collective, then the store's orderly shutdown (Horovod's, where it has one).
+    Workers of an asynchronous store never meet: they only shut down."""
+    if dist.num_workers > 1 and dist.synchronous:
+        dist.sum_across_workers("leave", mx.nd.zeros(1)).asnumpy()
     shutdown = getattr(dist.store, "shutdown", None)
     if shutdown is not None:
         shutdown()

@@ -8,8 +8,11 @@ not fire; it also fires when the *thread* that forked the child exits, which hor
 Gloo driver does. Instead each rank notes, at start-up, the chain of launcher processes above
 it (mpirun, orted, the shell horovodrun became, horovodrun, hvdtrain-launch, remote.py) and a
 thread checks once a second that each is still the process it was. When one is gone the rank
-logs one error line and leaves through ``os._exit``; mpirun then sees a failed rank and stops
-the rest.
+asks for the stop a signal asks for (`on_gone`: every rank stops at the next step boundary,
+rank 0 saves a checkpoint, all exit; mpirun is usually still there to carry the
+collectives), and after :data:`STOP_GRACE` seconds still there, or without `on_gone`, logs
+one error line and leaves through ``os._exit``; mpirun then sees a failed rank and stops the
+rest.
 
 Only launcher processes are watched: a login shell, ``nohup`` or a batch script above the
 launcher may come and go without touching the job. A launcher counts as gone only when that
@@ -24,12 +27,16 @@ import logging
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 logger = logging.getLogger("hvdtrain")
 
 EXIT_LAUNCHER_GONE = 128 + 15  # as if the TERM sent to the launcher had reached the rank
+# Seconds a rank whose launcher is gone gives the job to stop at a step boundary with its
+# checkpoint saved (the stop a signal asks for) before it exits regardless.
+STOP_GRACE = 60.0
 LAUNCHERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
                        "horovodrun", "hvdtrain-launch", "remote.py"})
 SHELLS = frozenset({"sh", "bash", "dash"})
@@ -147,12 +154,18 @@ class LauncherWatch:
 
     def __init__(self, chain: List[Ancestor], describe: Callable[[], str] = lambda: "this rank",
                  interval: float = 1.0, proc: str = "/proc",
-                 exit: Callable[[int], None] = os._exit):  # pylint: disable=redefined-builtin,protected-access
+                 exit: Callable[[int], None] = os._exit,  # pylint: disable=redefined-builtin,protected-access
+                 on_gone: Optional[Callable[[str], bool]] = None, grace: float = STOP_GRACE,
+                 clock: Callable[[], float] = time.monotonic):
         self.chain = chain
         self.describe = describe
         self.interval = interval
         self.proc = proc
         self._exit = exit
+        self._on_gone = on_gone
+        self._grace = grace
+        self._clock = clock
+        self._deadline: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._warned = False
@@ -174,14 +187,29 @@ class LauncherWatch:
                     self._warned = True
                 continue
             if not alive:
-                logger.error("%s: its launcher %s (pid %d) is gone, so the job was stopped; "
-                             "exiting", self.describe(), ancestor.name, ancestor.pid)
-                for handler in logger.handlers:
-                    handler.flush()
-                sys.stderr.flush()
-                self._exit(EXIT_LAUNCHER_GONE)
-                return True
+                return self._gone(ancestor)
         return False
+
+    def _gone(self, ancestor: Ancestor) -> bool:
+        """Launcher `ancestor` is gone: ask the job to stop with a checkpoint (`on_gone`) and
+        give it the grace period, or exit now. Returns whether this process exits."""
+        what = f"its launcher {ancestor.name} (pid {ancestor.pid}) is gone"
+        if self._deadline is None and self._on_gone is not None and self._on_gone(what):
+            self._deadline = self._clock() + self._grace
+            logger.warning("%s: %s: every rank stops at the next step boundary with a "
+                           "checkpoint saved; this rank exits in %.0f s at the latest",
+                           self.describe(), what, self._grace)
+            return False
+        if self._deadline is not None and self._clock() < self._deadline:
+            return False
+        logger.error("%s: %s, so the job was stopped; exiting%s", self.describe(), what,
+                     "" if self._deadline is None else
+                     f" ({self._grace:.0f} s after asking for a stop with a checkpoint)")
+        for handler in logger.handlers:
+            handler.flush()
+        sys.stderr.flush()
+        self._exit(EXIT_LAUNCHER_GONE)
+        return True
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval):

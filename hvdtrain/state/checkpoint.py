@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
                                checkpoint_name, complete_checkpoints, missing_files, param_shapes)
+from .background import BackgroundWrite
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
 # What an interrupted save or prune leaves behind (never named epoch-*).
@@ -119,37 +120,80 @@ def clear_leftovers(folder: str) -> List[str]:
 
 
 class Checkpointer:
-    """Save a checkpoint every `every` epochs (and after the last one) on the root rank.
+    """Rank 0's checkpoints: every `every` epochs (and after the last one), and whenever the
+    training loop asks (:meth:`save`: a step or time interval, a stop).
 
     Parameters
     ----------
     output_dir : str or None
         None (or ``enabled=False``, on every rank but the root) turns saving off.
+    every : int or None
+        Epochs between the saves at epoch ends; None: none but those asked for.
     meta : dict
         What every checkpoint records besides epoch and step (config, world size, ...).
     with_states : bool
         Whether the trainer's optimizer state can be saved (not under ``dist_async``).
+    host_copy : callable, optional
+        ``host_copy(net, trainer, with_states, replace)`` returns a
+        :class:`~hvdtrain.state.background.HostCopy` (`replace`: arrays by name to save
+        instead of the net's own). Given, a save copies to host memory and writes in the
+        background, one write at a time; without, it writes before returning.
     """
 
-    def __init__(self, output_dir: Optional[str], every: int = 1, keep: int = 3,
-                 enabled: bool = True, meta: Optional[Dict] = None, with_states: bool = True):
+    def __init__(self, output_dir: Optional[str], every: Optional[int] = 1, keep: int = 3,
+                 enabled: bool = True, meta: Optional[Dict] = None, with_states: bool = True,
+                 host_copy: Optional[Callable] = None):
         self.output_dir = output_dir if enabled else None
         self.every = every
         self.keep = keep
         self.meta = dict(meta or {})
         self.with_states = with_states
+        self.host_copy = host_copy
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
+        self._write: Optional[BackgroundWrite] = None
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
         ``step`` and ``epoch_samples`` (inside the next epoch)."""
-        if self.output_dir is None or not (last or state.epoch % self.every == 0):
+        if not (last or (self.every and state.epoch % self.every == 0)):
             return None
-        path = save_checkpoint(self.output_dir, net, trainer,
-                               dict(self.meta, epoch=state.epoch, step=state.step,
-                                    epoch_samples=getattr(state, "epoch_samples", 0),
-                                    **self.extra(trainer)),
-                               self.keep, self.with_states)
-        logger.info("checkpoint saved: %s", path)
-        return path
+        return self.save(net, trainer, state)
+
+    def save(self, net, trainer, state, replace: Optional[Dict] = None) -> Optional[str]:
+        """Save the checkpoint of `state`'s position (None when saving is off) and return
+        its path; in the background with a `host_copy`, once the write before it is done
+        (whose failure this raises). `replace`: see `host_copy`."""
+        if self.output_dir is None:
+            return None
+        self.wait()
+        samples = getattr(state, "epoch_samples", 0)
+        meta = dict(self.meta, epoch=state.epoch, step=state.step, epoch_samples=samples,
+                    **self.extra(trainer))
+        if self.host_copy is None:
+            path = save_checkpoint(self.output_dir, net, trainer, meta, self.keep,
+                                   self.with_states)
+            logger.info("checkpoint saved: %s", path)
+            return path
+        copy = self.host_copy(net, trainer, self.with_states, replace)
+        # save_checkpoint is looked up when the thread runs (a test shim may wrap it).
+        self._write = BackgroundWrite(lambda: save_checkpoint(
+            self.output_dir, copy, copy, meta, self.keep, self.with_states))
+        return os.path.join(self.output_dir, CHECKPOINTS,
+                            checkpoint_name(state.epoch, state.step, samples))
+
+    def wait(self) -> Optional[str]:
+        """Wait for the write in progress, if any: its path, or its failure raised (once)."""
+        write, self._write = self._write, None
+        return write.join() if write is not None else None
+
+    @property
+    def writing(self) -> bool:
+        """Whether a background write is still running."""
+        return self._write is not None and self._write.running
+
+    @property
+    def failed(self) -> bool:
+        """Whether the last background write has ended in a failure not yet raised."""
+        return self._write is not None and not self._write.running and \
+            self._write.failure is not None

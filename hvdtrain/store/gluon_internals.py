@@ -6,17 +6,19 @@ Gluon has no public way to set up a Trainer's store before its first step
 (:func:`bound_gradient_addresses`), nor to hold a Trainer's optimizer state in memory,
 skip its first-step broadcast or discard an undone attempt's gradients (the elastic state:
 :func:`optimizer_states`, :func:`set_optimizer_states`, :func:`skip_first_step_broadcast`,
-:func:`discard_gradients`), nor to say where the model zoo's files are downloaded from
-(:func:`model_store_url`, for ``--pretrained``'s advice offline). All are needed (the
-broadcast before the first forward pass, zero-copy gradient buckets that stay correct
-whatever the user does to parameters), so the private calls live here, behind a version
-check: a different MXNet fails loudly at import instead of training subtly wrong.
+:func:`discard_gradients`), nor to copy a model and its optimizer state for a background
+save (:func:`host_arrays`, :func:`optimizer_states_later`), nor to say where the model zoo's
+files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline).
+All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
+stay correct whatever the user does to parameters), so the private calls live here, behind a
+version check: a different MXNet fails loudly at import instead of training subtly wrong.
 """
 from __future__ import annotations
 
 import ctypes
 import os
-from typing import List, Optional, Sequence
+import pickle
+from typing import Callable, List, Optional, Sequence
 
 import mxnet as mx
 from mxnet import autograd
@@ -142,10 +144,53 @@ def params_by_place(net) -> dict:
     return net._collect_params_with_prefix()  # pylint: disable=protected-access
 
 
+def host_arrays(net) -> dict:
+    """Every array of `net` copied to the CPU, by its place in the net: what
+    ``save_parameters`` writes (MXNet 1.9.1 ``Parameter._reduce``: a lone copy as it is,
+    several device copies averaged). The copies are computed when this returns."""
+    arrays = {name: param._reduce()  # pylint: disable=protected-access
+              for name, param in params_by_place(net).items()}
+    for array in arrays.values():
+        array.wait_to_read()
+    return arrays
+
+
 def optimizer_states(trainer) -> bytes:
     """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
     optimizer object itself (update counts, the learning-rate scheduler)."""
     return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
+
+
+def optimizer_states_later(trainer) -> Callable[[], bytes]:
+    """:func:`optimizer_states` as they are now, serialised later (by a background write):
+    the per-parameter states are copied now (a memory copy, done when this returns) and the
+    optimizer object pickled now (small: its update counts and scheduler), so that training
+    may go on changing both. The returned function gives the bytes
+    :func:`optimizer_states` gives now (MXNet 1.9.1 ``Updater.get_states``)."""
+    # pylint: disable=protected-access
+    updater = trainer._updaters[0]
+    optimizer = updater.optimizer
+    param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
+    try:
+        frozen = pickle.dumps(optimizer)
+    finally:
+        optimizer.param_dict = param_dict
+    copied = {index: _copied(state) for index, state in updater.states.items()}
+    _copied(list(copied.values()), wait=True)
+    return lambda: pickle.dumps((copied, pickle.loads(frozen)))
+
+
+def _copied(state, wait: bool = False):
+    """`state` (an NDArray, None, or tuples and lists of them) with each array copied (or,
+    with `wait`, waited for)."""
+    if isinstance(state, mx.nd.NDArray):
+        if wait:
+            state.wait_to_read()
+            return state
+        return state.copy()
+    if isinstance(state, (tuple, list)):
+        return type(state)(_copied(part, wait) for part in state)
+    return state
 
 
 def set_optimizer_states(trainer, blob: bytes) -> None:

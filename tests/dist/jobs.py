@@ -149,9 +149,9 @@ def role_pids(tag, role):
     return out
 
 
-def rank_pids(tag):
-    """{rank: pid} of tagged training processes (a Python running hvdtrain) started by
-    horovodrun or mpirun, from the rank variable the launcher gave them."""
+def rank_pids(tag, program="hvdtrain"):
+    """{rank: pid} of tagged training processes (a Python running `program`, by default
+    hvdtrain) started by horovodrun or mpirun, from the rank variable the launcher gave them."""
     found = {}
     for pid in tagged_pids(tag):
         try:
@@ -160,7 +160,7 @@ def rank_pids(tag):
                        open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if len(argv) < 2 or b"python" not in argv[0] or not argv[1].endswith(b"hvdtrain"):
+        if len(argv) < 2 or b"python" not in argv[0] or not argv[1].endswith(program.encode()):
             continue
         rank = env.get(b"HOROVOD_RANK") or env.get(b"OMPI_COMM_WORLD_RANK")
         if rank is not None:

@@ -2,6 +2,7 @@
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,9 +12,10 @@ import uuid
 import numpy as np
 import pytest
 
+from hvdtrain.state.resume_from import latest_checkpoint
 from helpers import (folder_digest, main_in_process, record_job, run_command,
                      split_by_process, tool)
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher,
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, job_log, kill_tagged, launcher,
                   lower_priority_of_busy_threads_soon, rank_pids, reap, role_pids, run_ranks,
                   tagged_launch, tagged_pids)
 
@@ -174,7 +176,10 @@ def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_p
                                                              long_job):
     """What a supervisor, ``docker stop`` or a Kubernetes launcher pod does: signal the
     launcher's pid, not its process group. horovodrun (MPI) has become ``sh -c mpirun``, so
-    the shell alone dies; the ranks notice their launcher is gone and exit."""
+    the shell alone dies; the ranks notice their launcher is gone, save a checkpoint at the
+    next step boundary, and exit. Under --gloo horovodrun terminates the ranks (which save),
+    and hvdtrain-launch passes the signal on; mpirun SIGKILLs its ranks 1 s after its TERM,
+    so whether they saved is not asserted there (docs/reliability.md, "Preemption")."""
     proc, tag, _ = long_job(name, ["--output-dir", str(tmp_path)])
     _wait_for_training(proc, tmp_path)  # ranks watch their launcher once hvdtrain runs
     os.kill(proc.pid, signum)
@@ -185,6 +190,10 @@ def test_a_signal_to_the_launcher_pid_alone_stops_every_rank(name, signum, tmp_p
     print(f"{name}: every process gone {time.monotonic() - signalled:.1f}s after "
           f"{signal.Signals(signum).name} to the launcher pid")
     assert tagged_pids(tag) == [], "ranks outlived their launcher by 90 s"
+    if name != "mpirun":
+        out = job_log(proc)
+        assert "hvdtrain: stopped at step" in out, out[-3000:]
+        assert "-step-" in latest_checkpoint(str(tmp_path))  # saved where it stopped
 
 
 def test_nan_on_one_rank_stops_all_ranks_at_the_same_step(tmp_path):
@@ -261,8 +270,11 @@ def test_bad_input_leaves_checkpoints_and_metrics_alone(tmp_path, capfd):
 
 
 FULL_DISK_LINE = "hvdtrain: error: cannot write {disk}/checkpoints/.tmp-epoch-0002"
-PEER_LINE = ("hvdtrain: error: rank 0 could not write its outputs (its own line says why); "
-             "every rank stopped at step 24")
+# The checkpoint of epoch 2 (step 24) is written in the background: its failure stops every
+# rank at the next step boundary whose vote carries it (step 25 unless the write is slow),
+# or at the end of epoch 3 (step 36), which waits for the write.
+PEER_LINE = re.compile(r"hvdtrain: error: rank 0 could not write its outputs \(its own line "
+                       r"says why\); every rank stopped at step (2[5-9]|3[0-6])")
 
 
 def _full_disk_run(name, disk):
@@ -288,10 +300,12 @@ def _full_disk_run(name, disk):
     if name != "single":
         # The surviving rank: one line, exit 1 (was: killed without a word under MPI, a
         # Horovod traceback under Gloo, now and then a SIGSEGV in Horovod's enqueue).
-        assert errors["rank 1"] == [PEER_LINE]
+        assert len(errors["rank 1"]) == 1 and PEER_LINE.fullmatch(errors["rank 1"][0]), errors
     assert sorted(os.listdir(disk / "checkpoints")) == ["epoch-0001", "latest"]
+    assert latest_checkpoint(str(disk)) == str(disk / "checkpoints" / "epoch-0001")
     records = [json.loads(l) for l in (disk / "metrics.jsonl").read_text().splitlines()]
-    assert [r["event"] for r in records] == ["start", "epoch", "epoch"]
+    assert [r["event"] for r in records] in (["start", "epoch", "epoch"],
+                                             ["start", "epoch", "epoch", "epoch"])
 
 
 @contextlib.contextmanager

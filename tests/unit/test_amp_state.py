@@ -31,6 +31,7 @@ def test_loss_scale_is_saved_and_restored(tmp_path):
     saver = build_checkpointer(TrainConfig(dataset="digits", output_dir=str(tmp_path)),
                                DistContext(), 8)
     path = saver.after_epoch(net, trainer, TrainState(epoch=1, step=40), last=True)
+    assert saver.wait() == path  # the job's checkpointer writes in the background
     meta = read_meta(path)
     _, resumed = amp_trainer()
     loss_scale.restore_loss_scale(resumed, meta)

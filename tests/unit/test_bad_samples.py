@@ -64,7 +64,7 @@ def test_a_limit_that_is_neither_count_nor_share_is_a_usage_error(text, capfd):
 def test_one_worker_counts_are_its_own():
     counts = StepCounts(DistContext(), exchange=False)
     counts.submit(7, 1)
-    assert counts.result() == (7, 1)
+    assert counts.result() == (7, 1, ())
 
 
 def test_a_batch_whose_every_sample_fails_is_empty_not_garbage(tmp_path):

@@ -129,13 +129,13 @@ EDGE_VALUES = [
     ("--epochs", ["0", "-1"]),
     ("--max-steps", ["0", "-3"]),
     ("--gpus-per-worker", ["0", "-1"]),
-    ("--checkpoint-every", ["0", "-1"]),
     ("--keep-checkpoints", ["0", "-1"]),
     ("--finite-check-every", ["0", "-1"]),
     ("--log-interval", ["-1"]),
     ("--data-workers", ["-1"]),
     ("--seed", ["-1", str(2 ** 31), str(10 ** 30)]),
 ]
+# --checkpoint-every takes epochs, steps or a time: tests/unit/test_preemption.py.
 
 
 @pytest.mark.parametrize("flag,value", [(f, v) for f, values in EDGE_VALUES for v in values])

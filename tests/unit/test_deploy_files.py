@@ -3,9 +3,11 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -146,6 +148,16 @@ def test_open_mpi_reads_hostfile(name):
         proc.stdout + proc.stderr
 
 
+def test_slurm_requeue_script_asks_for_the_notice_and_requeues_on_75():
+    """Its logic runs under a stand-in Slurm in tests/dist/test_preemption.py; here, what only
+    Slurm reads: the directives."""
+    path = os.path.join(REPO, "examples", "slurm", "requeue.sbatch")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    directives = re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", open(path).read(), re.M)
+    assert ("signal", "USR1@90") in directives and ("requeue", "") in directives
+    assert ("open-mode", "append") in directives  # a requeued life appends to the same log
+
+
 def test_slurm_script_is_valid_bash_and_runs_the_documented_command():
     path = os.path.join(REPO, "examples", "slurm.sbatch")
     assert subprocess.run(["bash", "-n", path]).returncode == 0
@@ -179,13 +191,24 @@ def test_kubeflow_pod_templates_pass_kubernetes_validation():
             assert mounted <= declared, f"{role}: mounts {mounted - declared} undeclared"
 
 
+def _launcher_script():
+    """The Kubeflow launcher's shell script (it runs mpirun, passing SIGTERM on)."""
+    job = yaml.safe_load(open(os.path.join(REPO, "examples", "kubeflow-mpijob.yaml")))
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0][
+        "command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    return command[2]
+
+
 def test_kubeflow_mpijob():
     job = yaml.safe_load(open(os.path.join(REPO, "examples", "kubeflow-mpijob.yaml")))
     assert job["kind"] == "MPIJob" and job["apiVersion"].startswith("kubeflow.org/")
     specs = job["spec"]["mpiReplicaSpecs"]
     workers = specs["Worker"]
     launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
-    command = launcher["command"]
+    mpirun_line = _launcher_script().replace("\\\n", " ").splitlines()[0]
+    command = shlex.split(mpirun_line.rstrip("& "))
+    assert command[0] == "mpirun"
     np_ = int(command[command.index("-np") + 1])
     assert np_ == workers["replicas"] * job["spec"]["slotsPerWorker"]
     worker = workers["template"]["spec"]["containers"][0]
@@ -194,6 +217,40 @@ def test_kubeflow_mpijob():
     cfg = parse_config(_hvdtrain_argv(command))
     assert cfg.dataset == "cifar10" and cfg.batch_size == 64
     assert "12345" in " ".join(command) and "12345" in " ".join(worker["command"])
+    # Preemption: a grace period to save in, a resume, and a launcher that comes back.
+    assert cfg.resume == "auto"
+    assert specs["Launcher"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60
+    assert specs["Launcher"]["restartPolicy"] == "OnFailure"
+
+
+STAND_IN_MPIRUN = """#!{python}
+import signal, sys, time
+signal.signal(signal.SIGUSR1, lambda s, f: (print("mpirun got SIGUSR1", flush=True), sys.exit(75)))
+open({ready!r}, "w").close()
+time.sleep(60)
+"""
+
+
+def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
+    """The kubelet's SIGTERM to the launcher's shell reaches mpirun as SIGUSR1 (which mpirun
+    forwards to its ranks; a SIGTERM it would turn into a SIGKILL 2 s later), and the
+    launcher ends with mpirun's status (75: the ranks saved and stopped)."""
+    ready = tmp_path / "ready"
+    (tmp_path / "mpirun").write_text(STAND_IN_MPIRUN.format(python=sys.executable,
+                                                            ready=str(ready)))
+    (tmp_path / "mpirun").chmod(0o755)
+    shell = subprocess.Popen(["/bin/sh", "-c", _launcher_script()], stdout=subprocess.PIPE,
+                             text=True, env=dict(os.environ, PATH=f"{tmp_path}:"
+                                                 f"{os.environ['PATH']}"))
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shell.send_signal(signal.SIGTERM)
+        assert shell.wait(timeout=60) == 75
+        assert shell.stdout.read() == "mpirun got SIGUSR1\n"
+    finally:
+        shell.kill()
 
 
 @pytest.mark.parametrize("text", ["d1 slots=4\nd2 slots=4\n", "# hosts\nd1 slots=4\n",

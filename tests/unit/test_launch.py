@@ -1,11 +1,14 @@
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 from hvdtrain.config import ConfigError
+from hvdtrain.launch import launcher as launcher_module
 from hvdtrain.launch.hostfile import Host, HostfileError, parse_hosts, read_hostfile
 from hvdtrain.launch.launcher import mpi_argv, parse_args, plan, remote_argv, scheduler_address
 from hvdtrain.launch.remote import exit_status, mpi_role
@@ -66,6 +69,17 @@ def test_plan_one_scheduler_servers_and_workers_round_robin():
     workers = [p["env"] for p in procs if p["role"] == "worker"]
     assert [(w["HVDTRAIN_LOCAL_RANK"], w["HVDTRAIN_LOCAL_SIZE"]) for w in workers] == \
         [("0", "2"), ("0", "1"), ("1", "2")]
+
+
+def test_stop_signals_go_to_the_workers_alone():
+    """Local workers get the signal, workers over ssh a stop line on stdin; the scheduler and
+    servers nothing (the workers need them to save)."""
+    hosts = [Host("127.0.0.2", 2)]
+    for where, wanted in (([], "signal"), (hosts, "stdin")):
+        args = _args()
+        members = launcher_module.members(args, plan(args, where, "127.0.0.1", 9000), "/w")
+        assert [(m.name.split()[0], m.forward) for m in members] == \
+            [("scheduler", None)] + [("server", None)] * 2 + [("worker", wanted)] * 3
 
 
 def test_interface_replaces_node_host():
@@ -165,3 +179,87 @@ def test_a_mistyped_worker_command_is_refused_before_anything_starts(kind, capfd
         "(a typo?)"]
     assert main(["-n", "1", "--launcher", kind, "/no/such/hvdtrain"]) == 2
     assert "'/no/such/hvdtrain' not found: it is not an executable file" in capfd.readouterr().err
+
+
+# A worker as hvdtrain behaves on a stop signal: it takes a while to save, then exits 75.
+SAVING_WORKER = """
+import os, signal, sys, time
+open({ready!r}, "w").close()
+got = []
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(sig, lambda s, f: got.append(signal.Signals(s).name))
+while not got:
+    time.sleep(0.02)
+time.sleep({save_s})
+print("saved after", got[0], flush=True)
+sys.exit(75)
+"""
+
+
+def _signal_when_ready(ready_files, signals, gap=0.0):
+    """In a thread: once every file exists, send this process `signals`, `gap` s apart."""
+    import threading
+
+    def send():
+        while not all(os.path.exists(f) for f in ready_files):
+            time.sleep(0.05)
+        for signum in signals:
+            os.kill(os.getpid(), signum)
+            time.sleep(gap)
+    threading.Thread(target=send, daemon=True).start()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_a_stop_signal_reaches_the_workers_and_the_job_waits_for_their_saves(signum, tmp_path):
+    """hvdtrain-launch passes the signal on to the workers alone (the scheduler and servers
+    must outlive their saves) and waits: a worker that stops on request (75) does not bring
+    down one still saving. It used to SIGKILL every member at once."""
+    import io
+    out = io.BytesIO()
+    ready = [str(tmp_path / f"ready{i}") for i in range(2)]
+    server_log = tmp_path / "server"
+    job = Job([Member(f"worker {i}", _py(SAVING_WORKER.format(ready=ready[i], save_s=0.2 + 2 * i)),
+                      forward="signal") for i in range(2)] +
+              [Member("server 0", _py(f"import signal, time\n"
+                                      f"signal.signal(signal.SIGTERM, lambda s, f: open("
+                                      f"{str(server_log)!r}, 'w').write('TERM'))\n"
+                                      f"time.sleep(3600)"), essential=False)], out=out)
+    _signal_when_ready(ready, [signum])
+    assert job.run() == 75
+    text = out.getvalue().decode()
+    name = signal.Signals(signum).name
+    assert f"[worker 0] saved after {name}" in text and f"[worker 1] saved after {name}" in text
+    assert f"got {name}: passed on to the workers" in text
+    assert "workers stopped on request (status 75)" in text
+    assert not server_log.exists()  # the server got no signal; it was killed at the end
+
+
+def test_a_second_stop_signal_kills_the_job_at_once(tmp_path):
+    import io
+    ready = [str(tmp_path / "ready")]
+    job = Job([Member("worker 0", _py(SAVING_WORKER.format(ready=ready[0], save_s=3600)),
+                      forward="signal")], out=io.BytesIO())
+    _signal_when_ready(ready, [signal.SIGTERM, signal.SIGTERM], gap=2.5)
+    start = time.monotonic()
+    assert job.run() == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 300  # the worker would save for an hour
+
+
+def test_remote_passes_a_stop_line_on_to_its_worker_as_sigusr1(tmp_path):
+    """A worker over ssh: hvdtrain-launch writes a stop line to the ssh client's stdin;
+    remote.py, watching its stdin, sends its worker SIGUSR1 (hvdtrain saves and stops)."""
+    ready = tmp_path / "ready"
+    remote = os.path.join(os.path.dirname(launcher_module.__file__), "remote.py")
+    proc = subprocess.Popen([sys.executable, remote, "--watch-stdin", "--env=DMLC_ROLE=worker",
+                             "--"] + _py(SAVING_WORKER.format(ready=str(ready), save_s=0)),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 75
+        assert proc.stdout.read().strip() == "saved after SIGUSR1"
+    finally:
+        proc.kill()
