@@ -27,7 +27,7 @@ from .loop import precision
 from .loop.build import build_loaders, initialize
 from .loop.counts import check_bad_samples
 from .loop.eval_detail import evaluate_detailed
-from .loop.start_weights import load_start_weights
+from .loop.start_weights import load_start_weights, plan
 from .loop.together import write_together
 from .loop.weights_file import WeightsFile, init_from, pretrained_file, read
 from .models import build_model, check_model_name
@@ -47,6 +47,24 @@ def read_weights(cfg: TrainConfig) -> WeightsFile:
     return init_from(cfg.init_from, cfg.model)
 
 
+def _as_trained(cfg: TrainConfig, weights: WeightsFile) -> TrainConfig:
+    """`cfg` with the model and image size the weights' card names where the command names
+    none; a size that differs from the card's is refused (scores at another size than the
+    model learnt are not its accuracy)."""
+    if cfg.model is None and weights.model:
+        cfg = dataclasses.replace(cfg, model=weights.model)
+    shape = (weights.card or {}).get("input", {}).get("shape")
+    if shape and cfg.dataset in ("imagefolder", "recordio"):
+        if cfg.image_size is None:
+            cfg = dataclasses.replace(cfg, image_size=shape[1])
+        elif cfg.image_size != shape[1]:
+            raise ConfigError(f"--eval-only: {weights.named} was trained on {shape[1]}x"
+                              f"{shape[2]} images (its model card), not --image-size "
+                              f"{cfg.image_size}: drop --image-size to evaluate at the "
+                              f"trained size")
+    return cfg
+
+
 def evaluate_only(cfg: TrainConfig, devices=None, comm=None) -> dict:
     """Evaluate the weights `cfg` names on its validation split in this process (one rank
     of the job); return the figures every rank holds. Refuses in one line, before any
@@ -57,8 +75,7 @@ def evaluate_only(cfg: TrainConfig, devices=None, comm=None) -> dict:
         until_the_end.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who))
         check_dataset(cfg.dataset, cfg.data_dir)
         weights = read_weights(cfg)
-        if cfg.model is None and weights.model:
-            cfg = dataclasses.replace(cfg, model=weights.model)
+        cfg = _as_trained(cfg, weights)
         check_model_name(cfg.model_name)
         if cfg.output_dir:
             check_writable_dir(cfg.output_dir, "--output-dir")
@@ -74,12 +91,12 @@ def evaluate_only(cfg: TrainConfig, devices=None, comm=None) -> dict:
         start_rank(cfg, dist, watchdog)
         devices = build_devices(cfg, dist, policy, devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
-        fitted = load_start_weights(net, weights, data.num_classes, card["classes"],
-                                    cfg.model_name)
-        if fitted.new:  # the same on every rank: each read the same file
-            raise ConfigError(f"--eval-only: {fitted.why_new}; the output layer would be "
+        fitting = plan(weights, net, data.num_classes, card["classes"], cfg.model_name)
+        if fitting.new:  # the same on every rank: each read the same file
+            raise ConfigError(f"--eval-only: {fitting.why_new}; the output layer would be "
                               f"new, and its scores chance: evaluate on data of the classes "
                               f"the weights were trained on")
+        load_start_weights(net, weights, data.num_classes, card["classes"], cfg.model_name)
         policy.prepare_model(net)
         watchdog.beat("start-up (weights loaded)")
         _, test_loader = build_loaders(data, cfg, dist, len(devices))
@@ -95,7 +112,8 @@ def evaluate_only(cfg: TrainConfig, devices=None, comm=None) -> dict:
         _log(report, weights, skipped, card["classes"], describe)
         if cfg.output_dir:
             summary = dict(weights=weights.path, model=cfg.model_name, dataset=cfg.dataset,
-                           data_dir=cfg.data_dir, num_workers=dist.num_workers,
+                           data_dir=cfg.data_dir, input_shape=card["input"]["shape"],
+                           num_workers=dist.num_workers,
                            skipped_samples=skipped)
             write_together(dist, lambda: _write(cfg.output_dir, report, card["classes"],
                                                 describe, summary, dist.is_root),

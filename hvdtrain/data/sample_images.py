@@ -73,7 +73,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir")
     parser.add_argument("--per-class", type=int, default=None,
-                        help="at most this many images per class (default: all, ~180)")
+                        help="at most this many images per class, train and val together "
+                             "(80/20; default: all, ~180)")
     args = parser.parse_args(argv)
     train, val = write_digit_images(args.out_dir, args.per_class)
     print(f"wrote {train} train and {val} val images to {args.out_dir}")

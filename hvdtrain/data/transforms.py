@@ -105,6 +105,8 @@ def open_image(encoded: bytes, what: str) -> Encoded:
     A JPEG's size is read from its frame header directly (a tenth of what Pillow's open
     costs, a twentieth of the decode); anything else, or a JPEG whose markers do not parse,
     is opened by Pillow."""
+    if not encoded:
+        raise BadSample(f"{what}: cannot decode (the file is empty: 0 bytes)")
     size = _jpeg_size(encoded)
     if size is not None:
         return Encoded(encoded, size, "JPEG")

@@ -45,13 +45,15 @@ def check_bad_samples(what: str, skipped: int, total: int, limit: str, examples:
         return
     if skipped <= allowed:
         reason = f"none of its samples could be used ({skipped} unusable)"
+        advice = "Fix or replace those files: no limit lets a run train on nothing"
     else:
         reason = (f"{skipped} of its {total} samples could not be read or decoded, more than "
                   f"--max-bad-samples {limit} allows ({allowed})")
-    named = "; ".join(examples[:EXAMPLES]) if examples else "none met on this rank"
+        advice = "Fix or remove those files, or raise --max-bad-samples"
+    named = ("First on this rank: " + "; ".join(examples[:EXAMPLES])) if examples else \
+        "This rank met none of them: the ranks that did name theirs"
     raise DatasetError(f"epoch {epoch + 1}: the {what} split is not usable: {reason}. "
-                       f"First on this rank: {named}. Fix or remove those files, or raise "
-                       f"--max-bad-samples")
+                       f"{named}. {advice}")
 
 
 class StepCounts:

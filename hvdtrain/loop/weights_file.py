@@ -66,6 +66,8 @@ class WeightsFile:
         model card).
     model : str, optional
         The model the source says it holds (its model card or checkpoint), if it says.
+    card : dict, optional
+        The source's model card (:mod:`hvdtrain.data.card`), if it has one.
     """
 
     path: str
@@ -73,6 +75,7 @@ class WeightsFile:
     arrays: Dict[str, mx.nd.NDArray] = field(repr=False)
     classes: Optional[List[str]] = None
     model: Optional[str] = None
+    card: Optional[Dict] = None
 
     @property
     def named(self) -> str:
@@ -180,7 +183,7 @@ def _checkpoint(path: str, meta: Dict, flag: str, model: Optional[str]) -> Weigh
     weights = read(os.path.join(path, PARAMS), flag)
     card = check_card(meta["card"], os.path.join(path, META)) if "card" in meta else {}
     weights.classes = card.get("classes") or meta.get("classes")
-    weights.model = saved
+    weights.model, weights.card = saved, card or None
     return weights
 
 
@@ -194,7 +197,7 @@ def _carded(weights: WeightsFile, model: Optional[str]) -> WeightsFile:
     if model and card["model"] != model:
         raise WeightsError(f"{weights.named} holds a {card['model']} (its {CARD_FILE}), not "
                            f"--model {model}: give --model {card['model']}")
-    weights.classes, weights.model = card["classes"], card["model"]
+    weights.classes, weights.model, weights.card = card["classes"], card["model"], card
     return weights
 
 

@@ -119,7 +119,8 @@ def test_a_split_where_nothing_decodes_ends_the_job_whatever_the_limit(tmp_path,
     errors = [l for l in lines if "error" in l.lower()]
     assert code == 2 and len(errors) == 1, lines
     assert "none of its samples could be used (14 unusable)" in errors[0], errors
-    assert "broken.png: cannot decode" in errors[0] or "x.png: cannot decode" in errors[0]
+    assert "broken.png: cannot decode (the file is empty" in errors[0] or "x.png: cannot decode (the file is empty" in errors[0]
+    assert "no limit lets a run train on nothing" in errors[0]
     assert not os.path.exists(os.path.join(run_dir, "model.params"))
 
 

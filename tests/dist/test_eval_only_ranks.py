@@ -62,14 +62,16 @@ def test_two_ranks_report_what_a_plain_loop_computes(tmp_path):
                                                     "--max-bad-samples", "1",
                                                     "--output-dir", run], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
+    # No --image-size: the size comes from the run's model card (28), as --model does.
     proc = run_command(launcher("horovodrun") + [tool("hvdtrain")] + [
         "--eval-only", "--init-from", run, "--dataset", "imagefolder", "--data-dir", root,
-        "--image-size", "28", "--no-cuda", "--max-bad-samples", "1", "--output-dir", out],
+        "--no-cuda", "--max-bad-samples", "1", "--output-dir", out],
         timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     summary = json.load(open(os.path.join(out, "eval.json")))
     expected = reference(run, root)
     assert summary["num_workers"] == 2 and summary["model"] == "pool_cnn"
+    assert summary["input_shape"] == [3, 28, 28]
     assert summary["samples"] == 21 and summary["skipped_samples"] == 1
     assert summary["correct"] == np.trace(expected)
     assert summary["top1"] == pytest.approx(np.trace(expected) / 21)
@@ -81,3 +83,10 @@ def test_two_ranks_report_what_a_plain_loop_computes(tmp_path):
     worst = list(csv.reader(open(os.path.join(out, "worst.csv"))))
     assert len(worst) == 21 and all(r[0].startswith(os.path.join(root, "val")) for r in worst[1:])
     assert "Traceback" not in proc.stdout
+    # Another size than the card's is refused, not scored.
+    proc = run_command([tool("hvdtrain"), "--eval-only", "--init-from", run, "--dataset",
+                        "imagefolder", "--data-dir", root, "--image-size", "32", "--no-cuda"],
+                       timeout=300)
+    lines = [l for l in proc.stdout.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert "trained on 28x28 images (its model card), not --image-size 32" in lines[0]
