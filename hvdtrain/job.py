@@ -17,6 +17,7 @@ import logging
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Optional
 
 from .loop import precision
 from .state.checkpoint import Checkpointer, save_params
@@ -32,13 +33,15 @@ from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.build import broadcast_parameters, build_trainer, initialize
+from .loop.ema import FINAL_EMA_PARAMS, WeightAverage
+from .loop.last_gamma import check_last_gamma, zero_last_gammas
 from .loop.elastic_fit import fit_elastic
 from .store.gluon_internals import skip_first_step_broadcast
 from .loop.fit import Outputs, fit
 from .loop.together import write_together
 from .runtime.pulse import JobPulse
 from .runtime.watchdog import GLOO_TIMEOUT_ENV, Watchdog, gloo_timeout, horovod_stall_env
-from .state.writes import check_writable_dir
+from .state.writes import atomic_write, check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
 
@@ -51,6 +54,7 @@ class Run:
     trainer: object
     dist: DistContext
     result: dict
+    ema: Optional[WeightAverage] = None  # --ema's average of the model
 
 
 def build_dist(cfg: TrainConfig, comm=None) -> DistContext:
@@ -131,13 +135,18 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
         check_writable_dir(cfg.tensorboard, "--tensorboard")
 
 
-def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog) -> None:
-    """Rank 0 saves the trained parameters (every rank then learns whether it could); busy
-    meanwhile, so a save to slow storage is not taken for a stall."""
+def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog,
+                ema: Optional[WeightAverage] = None) -> None:
+    """Rank 0 saves the trained parameters, and ``--ema``'s average beside them (every rank
+    then learns whether it could); busy meanwhile, so a save to slow storage is not taken
+    for a stall."""
     if dist.is_root:
         with watchdog.busy("saving the final parameters"):
             logger.info("parameters saved to %s",
                         save_params(net, os.path.join(output_dir, "model.params")))
+            if ema is not None:
+                logger.info("their moving average (--ema) saved to %s", atomic_write(
+                    os.path.join(output_dir, FINAL_EMA_PARAMS), ema.save))
 
 
 def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
@@ -171,6 +180,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
+        if cfg.last_gamma:  # refused before any collective when the model has no such blocks
+            check_last_gamma(net, cfg.model_name)
         if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
             os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ, cfg.elastic))
         if cfg.elastic and cfg.stall_timeout and cfg.stall_timeout <= gloo_timeout():
@@ -184,6 +195,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         devices = build_devices(cfg, dist, policy, devices)
         worker_batch = cfg.batch_size * len(devices)
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
+        if cfg.last_gamma:  # rank 0's initial values are what every rank gets
+            zero_last_gammas(net, cfg.model_name)
         watchdog.beat("start-up (model initialised)")
         policy.prepare_model(net)
         trainer = build_trainer(net, cfg, dist, policy)
@@ -200,19 +213,22 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
             # meets the others first at the loop's sync (which also broadcasts rank 0's
             # parameters), and the folder is claimed again after every reset.
             until_the_end.callback(run_dir.release)
+            ema = _moving_average(cfg, net, run_dir)  # the elastic sync makes rank 0's everyone's
             dist, result = fit_elastic(
                 net, trainer, data, devices, dist.store, cfg, state, run_dir, watchdog,
                 policy, lambda now: _outputs(cfg, now, worker_batch, data),
-                lambda now: _finish(cfg, net, now, watchdog))
-            return Run(net, trainer, dist, result)
+                lambda now: _finish(cfg, net, now, watchdog, ema), ema)
+            return Run(net, trainer, dist, result, ema)
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
+        ema = _moving_average(cfg, net, run_dir)  # of rank 0's values, on every rank
         outputs = _outputs(cfg, dist, worker_batch, data)
-        result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy)
-        _finish(cfg, net, dist, watchdog)
-        return Run(net, trainer, dist, result)
+        result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy,
+                     ema=ema)
+        _finish(cfg, net, dist, watchdog, ema)
+        return Run(net, trainer, dist, result, ema)
 
 
 def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data) -> Outputs:
@@ -223,9 +239,18 @@ def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data) -> Ou
     return outputs
 
 
-def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog) -> None:
-    """After the last epoch: rank 0 saves the parameters, and every rank learns whether
-    it could."""
+def _moving_average(cfg: TrainConfig, net, run_dir: RunDir) -> Optional[WeightAverage]:
+    """``--ema``'s average: of the model as it is now, or the resumed checkpoint's."""
+    ema = WeightAverage.of(cfg, net)
+    if ema is not None and run_dir.resumed_from:
+        ema.resume(run_dir.resumed_from)
+    return ema
+
+
+def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog,
+            ema: Optional[WeightAverage] = None) -> None:
+    """After the last epoch: rank 0 saves the parameters (and the moving average), and
+    every rank learns whether it could."""
     if cfg.output_dir:
-        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog),
+        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog, ema),
                        "the end")

@@ -12,6 +12,7 @@ such exchange: every rank's batch has the same size.
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import List, Optional, Tuple
 
@@ -19,6 +20,8 @@ import mxnet as mx
 
 from ..data.datasets import DatasetError
 from ..store.dist import DistContext
+
+logger = logging.getLogger("hvdtrain")
 
 EXAMPLES = 3  # unusable samples named in the error that ends a job
 
@@ -91,3 +94,21 @@ class StepCounts:
         # a sample out), or there is one worker; a skip count is then this rank's own.
         used, skipped = self._local
         return used * self.dist.num_workers, skipped
+
+
+def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
+    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
+    as the metrics record's fields; rank 0 warns once with the totals (each rank has already
+    named its own bad samples, one warning each). In-memory loaders leave none out."""
+    if not hasattr(train_loader, "skipped"):
+        return dict(skipped_train_samples=0, skipped_val_samples=0)
+    mine = [len(loader.skipped) for loader in (train_loader, test_loader)]
+    if dist.synchronous:
+        mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
+    train, val = (int(n) for n in mine)
+    # Without a synchronous store the counts are this rank's own: then each rank says its own.
+    if (train or val) and (dist.rank == 0 or not dist.synchronous):
+        logger.warning("epoch %d: %d training and %d validation sample(s) could not be read "
+                       "or decoded and were left out (named in the warnings above, by the "
+                       "rank that met them)", epoch + 1, train, val)
+    return dict(skipped_train_samples=train, skipped_val_samples=val)

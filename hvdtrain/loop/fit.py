@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-import mxnet as mx
-
 from . import precision
 from ..state.checkpoint import Checkpointer
 from ..state.checkpoint_files import CHECKPOINTS
@@ -21,8 +19,10 @@ from ..config import TrainConfig
 from ..data.datasets import Dataset
 from ..store.dist import DistContext
 from .build import build_loaders
-from .counts import check_bad_samples
+from .counts import check_bad_samples, count_skipped
 from .epoch import Loop, train_epoch
+from .ema import EMA_PARAMS, FINAL_EMA_PARAMS
+from .recipe import Recipe, log_suffix
 from ..state.train_state import TrainState
 from .evaluate import evaluate
 from .guard import FiniteGuard
@@ -34,24 +34,6 @@ from .schedule import effective_base_lr, lr_at
 from ..runtime.watchdog import Watchdog
 
 logger = logging.getLogger("hvdtrain")
-
-def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
-    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
-    as the metrics record's fields; rank 0 warns once with the totals (each rank has already
-    named its own bad samples, one warning each). In-memory loaders leave none out."""
-    if not hasattr(train_loader, "skipped"):
-        return dict(skipped_train_samples=0, skipped_val_samples=0)
-    mine = [len(loader.skipped) for loader in (train_loader, test_loader)]
-    if dist.synchronous:
-        mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
-    train, val = (int(n) for n in mine)
-    # Without a synchronous store the counts are this rank's own: then each rank says its own.
-    if (train or val) and (dist.rank == 0 or not dist.synchronous):
-        logger.warning("epoch %d: %d training and %d validation sample(s) could not be read "
-                       "or decoded and were left out (named in the warnings above, by the "
-                       "rank that met them)", epoch + 1, train, val)
-    return dict(skipped_train_samples=train, skipped_val_samples=val)
-
 
 @dataclass
 class Outputs:
@@ -71,25 +53,30 @@ class Outputs:
             paths.append(os.path.join(self.checkpointer.output_dir, CHECKPOINTS) + "/")
         if self.output_dir:  # the job saves model.params there after fit()
             paths.append(os.path.join(self.output_dir, "model.params"))
+            if self.checkpointer is not None and EMA_PARAMS in self.checkpointer.files:
+                paths.append(os.path.join(self.output_dir, FINAL_EMA_PARAMS))
         if self.tensorboard is not None and self.tensorboard.writer is not None:
             paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
         return paths
 
 
-def _figures(stats, result, trainer, dist: DistContext, batch_size: int) -> dict:
-    """What an epoch's record and a stop's record both say about the training measured."""
+def _figures(stats, result, trainer, dist: DistContext, batch_size: int,
+             recipe: dict) -> dict:
+    """What an epoch's record and a stop's record both say about the training measured;
+    `recipe`, what the training recipe adds (:class:`~hvdtrain.loop.recipe.Recipe`)."""
     # The sample counts over all ranks, so that a reader can check each epoch's coverage.
     return dict(train_loss=stats.loss, train_acc=stats.accuracy, test_acc=result.accuracy,
                 train_samples=stats.samples, test_samples=int(result.count),
                 test_top5=result.top5, test_loss=result.loss,
                 samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
-                lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size)
+                lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size,
+                **recipe)
 
 
 def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
                           result, epoch_length: int, dist: DistContext,
                           watchdog: Optional[Watchdog], batch_size: int,
-                          skipped: dict) -> dict:
+                          skipped: dict, recipe: dict) -> dict:
     """Record a stop inside an epoch (``--max-steps``) with what the part of the epoch that
     ran measured (steps, time, throughput), and return that record. The epoch is not counted
     as done; its checkpoint keeps the samples processed so that a resume runs only the rest."""
@@ -99,8 +86,8 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
                 state.epoch + 1, stats.loss, stats.accuracy, result.accuracy, result.top5,
                 stats.samples_per_sec, stats.steps, stats.seconds)
     record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
-                  steps=stats.steps, **_figures(stats, result, trainer, dist, batch_size),
-                  **skipped)
+                  steps=stats.steps, **_figures(stats, result, trainer, dist, batch_size,
+                                                recipe), **skipped)
 
     def write():
         outputs.metrics.write("stop", **record)
@@ -119,7 +106,9 @@ def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: di
                                   train_acc=record["train_acc"], test_loss=record["test_loss"],
                                   test_acc=record["test_acc"],
                                   train_samples_per_sec=record["samples_per_sec"],
-                                  train_lr=record["lr"])
+                                  train_lr=record["lr"],
+                                  **({"test_ema_acc": record["ema_test_acc"]}
+                                     if "ema_test_acc" in record else {}))
     _checkpoint(outputs, net, trainer, state, last, watchdog)
 
 
@@ -139,14 +128,16 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         outputs: Optional[Outputs] = None, state: Optional[TrainState] = None,
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None,
-        commit: Optional[Callable[[TrainState, str], None]] = None) -> dict:
+        commit: Optional[Callable[[TrainState, str], None]] = None, ema=None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step and evaluation
     batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
     (default: the configuration's) says how the steps compute. `commit(state, point)` is
     elastic training's hook: `point` is ``"step"`` after every step but an epoch's last,
     ``"epoch done"`` once an epoch is trained and evaluated, before its outputs are written,
-    and ``"epoch written"`` after them."""
+    and ``"epoch written"`` after them. `ema` is the job's
+    :class:`~hvdtrain.loop.ema.WeightAverage` (``--ema``; made here from the model when not
+    given)."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -166,11 +157,14 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
                      cfg.lr_decay_factor, cfg.lr_schedule, cfg.epochs * steps_per_epoch)
 
+    recipe = Recipe.of(cfg, net, dist, data.num_classes, ema)
+    recipe.attach(outputs.checkpointer)
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
-                cfg.accumulate, cfg.max_bad_samples, data.num_train, commit)
+                cfg.accumulate, cfg.max_bad_samples, data.num_train, commit,
+                recipe.mixing, recipe.clipper, recipe.ema)
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
                 cfg.model_name, data.name, dist.num_workers, len(devices), cfg.batch_size,
@@ -185,7 +179,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         start_epoch=state.epoch, start_step=state.step,
         start_epoch_samples=state.epoch_samples), "the start")
     run_start = time.perf_counter()
-    result = None
+    result, trained = None, {}
     epochs, stopped = [], None
     while state.epoch < cfg.epochs:
         if cfg.max_steps is not None and state.step >= cfg.max_steps:
@@ -195,11 +189,15 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         stats = train_epoch(loop, train_loader, state)
         # Training stops here until the next epoch: what is evaluated now, checkpointed
         # below and saved at the end is one model, the same on every rank and device.
-        average_running_stats(net, dist)
+        average_running_stats(net, dist, recipe.statistics())
         test_loader.sampler.set_epoch(epoch)  # the same order; names the epoch it scores
-        result = evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
-                          on_batch=None if watchdog is None else
-                          lambda b, e=epoch: watchdog.beat(f"evaluation batch {b} (epoch {e + 1})"))
+
+        def score(epoch=epoch):
+            return evaluate(net, test_loader, devices, dist, loop.policy.input_dtype,
+                            on_batch=None if watchdog is None else
+                            lambda b: watchdog.beat(f"evaluation batch {b} (epoch {epoch + 1})"))
+        result = score()
+        trained = dict(recipe.train_figures(epoch), **recipe.ema_figures(score))
         skipped = count_skipped(train_loader, test_loader, dist, epoch)
         if skipped["skipped_val_samples"] or not result.count:
             check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
@@ -208,16 +206,17 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         if not stats.complete:
             stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
                                             data.num_train, dist, watchdog, cfg.batch_size,
-                                            skipped)
+                                            skipped, trained)
             break
         state.epoch += 1
         state.epoch_samples = 0
-        logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
-                    "top-5 %.4f  %.1f samples/s  %.2fs", epoch + 1, cfg.epochs, stats.loss,
-                    stats.accuracy, result.accuracy, result.top5, stats.samples_per_sec,
-                    stats.seconds)
         record = dict(epoch=epoch, step=state.step,
-                      **_figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
+                      **_figures(stats, result, trainer, dist, cfg.batch_size, trained),
+                      **skipped)
+        logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  test acc %.4f  "
+                    "top-5 %.4f  %.1f samples/s  %.2fs%s", epoch + 1, cfg.epochs, stats.loss,
+                    stats.accuracy, result.accuracy, result.top5, stats.samples_per_sec,
+                    stats.seconds, log_suffix(record))
         epochs.append(record)
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
         if commit is not None:
@@ -234,7 +233,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     def write_end():
         metrics.write("end", test_acc=test_acc, test_top5=result.top5 if result else None,
-                      total_time=total_time, step=state.step)
+                      total_time=total_time, step=state.step,
+                      **({"ema_test_acc": trained.get("ema_test_acc")} if recipe.ema else {}))
         if outputs.tensorboard is not None:
             outputs.tensorboard.close()
 
@@ -243,4 +243,5 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                               outputs.written(), stopped):
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
-            "total_time": total_time, "steps": state.step}
+            "total_time": total_time, "steps": state.step,
+            **({"ema_test_acc": trained.get("ema_test_acc")} if recipe.ema else {})}

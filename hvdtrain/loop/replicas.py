@@ -10,7 +10,7 @@ to the statistics of the global batch.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -27,9 +27,13 @@ def untrained_params(net) -> List:
     return [params[name] for name in sorted(params.keys()) if params[name].grad_req == "null"]
 
 
-def average_running_stats(net, dist: DistContext) -> int:
+def average_running_stats(net, dist: DistContext,
+                          extra: Sequence[mx.nd.NDArray] = ()) -> int:
     """Average `net`'s untrained arrays over this worker's devices and over all ranks,
     and write the average into every copy. Every rank must call it at the same point.
+
+    `extra` are float32 arrays (one copy per rank) to average over the ranks in the same
+    collective, in place: the moving averages of those arrays (``--ema``).
 
     Floating-point arrays are averaged; any other (integer) array takes rank 0's value.
     All arrays travel in one float32 buffer, summed by one uncompressed collective
@@ -45,6 +49,7 @@ def average_running_stats(net, dist: DistContext) -> int:
     across_ranks = dist.num_workers > 1 and dist.synchronous
     if not params or (not across_ranks and len(params[0].list_ctx()) == 1):
         return 0
+    extra = list(extra) if across_ranks else []
     # Under hybridize(static_alloc=True), MXNet 1.9.1's engine does not know that
     # BatchNorm's backward writes the running statistics: reading them waits for nothing,
     # and sees older values. Only waiting for everything makes them current.
@@ -60,6 +65,7 @@ def average_running_stats(net, dist: DistContext) -> int:
             local = local * float(dist.rank == 0)  # the sum is then rank 0's value
         averaged.append(is_float)
         parts.append(local.reshape(-1))
+    parts += [array.as_in_context(cpu).reshape(-1) for array in extra]
     flat = mx.nd.concat(*parts, dim=0)
     if across_ranks:
         flat = dist.sum_across_workers(COLLECTIVE_NAME, flat)
@@ -73,5 +79,9 @@ def average_running_stats(net, dist: DistContext) -> int:
         value = value.astype(param.dtype)
         for copy in param.list_data():
             value.copyto(copy)
+    for array in extra:
+        value = flat[offset:offset + array.size].reshape(array.shape) / dist.num_workers
+        offset += array.size
+        value.copyto(array)
     mx.nd.waitall()  # and no later untracked write may overtake these copies
     return len(params)

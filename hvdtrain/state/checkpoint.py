@@ -30,7 +30,8 @@ def save_params(net, path: str) -> str:
 
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
-                    with_states: bool = True) -> str:
+                    with_states: bool = True,
+                    files: Optional[Dict[str, Callable[[str], None]]] = None) -> str:
     """Write a checkpoint named after `meta`'s position and keep the newest `keep` ones.
 
     Parameters
@@ -40,7 +41,12 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         inside the next epoch. Saved as ``meta.json`` with the shapes.
     with_states : bool
         False when the optimizer runs on parameter servers (``dist_async``).
+    files : dict of str to callable, optional
+        More files of the checkpoint: ``{name: write(path)}`` (the EMA's ``ema.params``);
+        their names are listed in ``meta.json`` (``files``), so that a checkpoint missing
+        one is incomplete.
     """
+    files = dict(files or {})
     folder = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(folder, exist_ok=True)
     clear_leftovers(folder)
@@ -49,7 +55,8 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write_folder(tmp, net, trainer, dict(meta, param_shapes=param_shapes(net),
-                                              has_states=with_states), with_states)
+                                              has_states=with_states, files=sorted(files)),
+                      with_states, files)
     except Exception as err:  # a full disk shows up as OSError or MXNetError
         failure = write_failure(tmp, err)
         shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
@@ -68,12 +75,15 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     return final
 
 
-def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool) -> None:
+def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
+                  files: Dict[str, Callable[[str], None]]) -> None:
     """Write and fsync every file of a checkpoint into the new folder `tmp`."""
     os.makedirs(tmp)
     net.save_parameters(os.path.join(tmp, PARAMS))
     if with_states:
         trainer.save_states(os.path.join(tmp, STATES))
+    for name, write in files.items():
+        write(os.path.join(tmp, name))
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=1, sort_keys=True)
     for entry in os.listdir(tmp):
@@ -140,6 +150,8 @@ class Checkpointer:
         self.with_states = with_states
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
+        # More files of each checkpoint, e.g. the EMA's: name -> write(path).
+        self.files: Dict[str, Callable[[str], None]] = {}
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
@@ -150,6 +162,6 @@ class Checkpointer:
                                dict(self.meta, epoch=state.epoch, step=state.step,
                                     epoch_samples=getattr(state, "epoch_samples", 0),
                                     **self.extra(trainer)),
-                               self.keep, self.with_states)
+                               self.keep, self.with_states, self.files)
         logger.info("checkpoint saved: %s", path)
         return path

@@ -4,6 +4,7 @@ Layout under the output folder::
 
     checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
                           trainer.states   optimizer state (Trainer.save_states)
+                          ema.params       --ema's average, when on (meta's "files")
                           meta.json        written last: epoch, step, config, shapes, ...
     checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
     checkpoints/latest                     name of the newest complete checkpoint
@@ -72,10 +73,14 @@ def missing_files(path: str) -> bool:
         return True
     try:
         with open(os.path.join(path, META), encoding="utf-8") as src:
-            has_states = json.load(src).get("has_states")
-    except (OSError, ValueError, AttributeError):
+            meta = json.load(src)
+        has_states, files = meta.get("has_states"), list(meta.get("files", []))
+    except (OSError, ValueError, AttributeError, TypeError):
         return False  # damaged, not half-deleted: kept for the user to look at
-    return has_states is True and not os.path.isfile(os.path.join(path, STATES))
+    if has_states is True and not os.path.isfile(os.path.join(path, STATES)):
+        return True
+    return not all(isinstance(name, str) and os.path.isfile(os.path.join(path, name))
+                   for name in files)
 
 
 def is_complete(path: str) -> bool:
