@@ -148,7 +148,7 @@ class TrainConfig:
         "(docs/training.md)", group="optimisation", range=NON_NEGATIVE, metavar="ALPHA")
     cutmix: float = option(
         0.0, "cutmix with Beta(ALPHA, ALPHA) areas: a box of each training image is pasted "
-        "from the batch's next sample, targets weighted by area; with --mixup, each batch "
+        "from the batch's previous sample, targets weighted by area; with --mixup, each batch "
         "takes one of the two at random; 0: off", group="optimisation",
         range=NON_NEGATIVE, metavar="ALPHA")
     mix_off_epoch: Optional[int] = option(

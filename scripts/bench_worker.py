@@ -31,6 +31,7 @@ from hvdtrain.store.buckets import BucketedTrainer
 from hvdtrain.loop.guard import FiniteGuard
 from hvdtrain.models import ZOO_MODELS, model_names
 from hvdtrain.loop.epoch import Loop, train_epoch
+from hvdtrain.loop.recipe import Recipe
 from hvdtrain.state.train_state import TrainState
 
 
@@ -60,6 +61,13 @@ def parse():
                    help="1: the host reads loss and accuracy after every step")
     p.add_argument("--data-workers", type=int, default=TrainConfig.data_workers,
                    help="0: batches prepared in the training thread, no prefetch")
+    # Options of the training recipe (issue 38), each measured as a row of its own.
+    p.add_argument("--mixup", type=float, default=0.0)
+    p.add_argument("--cutmix", type=float, default=0.0)
+    p.add_argument("--no-wd", action="store_true")
+    p.add_argument("--ema", type=float, default=None)
+    p.add_argument("--ema-every", type=int, default=1)
+    p.add_argument("--clip-grad-norm", type=float, default=None)
     p.add_argument("--copied-buckets", action="store_true",
                    help="buckets as grouped allreduces of separate gradients, copied into "
                         "Horovod's fusion buffer and back (hvdtrain before zero-copy buckets)")
@@ -67,6 +75,9 @@ def parse():
     args = p.parse_args()
     if min(args.batch_size, args.steps, args.warmup + 1) < 1:
         p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
+    recipe = (args.mixup, args.cutmix, args.no_wd, args.ema, args.clip_grad_norm)
+    if args.impl != "hvdtrain" and recipe != (0.0, 0.0, False, None, None):
+        p.error("the training recipe's options are hvdtrain's: they need --impl hvdtrain")
     if args.accumulate < 1 or (args.accumulate > 1 and args.impl != "hvdtrain"):
         p.error("--accumulate must be at least 1, and above 1 only with --impl hvdtrain "
                 "(Horovod's MXNet binding has no accumulation)")
@@ -220,9 +231,15 @@ def hvdtrain_loop(args, data):
     dist = DistContext.from_store(store)
     check_enough(data, args, dist.num_workers)
     share_cpu_threads(dist.local_size)
-    cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
-                      data_workers=args.data_workers, seed=0,
-                      grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate)
+    try:
+        cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
+                          data_workers=args.data_workers, seed=0,
+                          grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate,
+                          mixup=args.mixup, cutmix=args.cutmix, no_wd=args.no_wd,
+                          ema=args.ema, ema_every=args.ema_every,
+                          clip_grad_norm=args.clip_grad_norm)
+    except ConfigError as err:
+        sys.exit(f"bench_worker: {err}")
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
@@ -231,8 +248,11 @@ def hvdtrain_loop(args, data):
         trainer.__class__ = CopiedBuckets  # before the store is set up, which plans buckets
     hvdtrain.broadcast_parameters(trainer, step_samples(args) * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
+    # After the broadcast, as the job makes it; no warm-up here.
+    recipe = Recipe.of(cfg, net, dist, data.num_classes, len(train_loader))
     loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
-                log_interval=args.log_interval, accumulate=args.accumulate)
+                log_interval=args.log_interval, accumulate=args.accumulate,
+                mixing=recipe.mixing, clipper=recipe.clipper, ema=recipe.ema)
     state = TrainState()
     if args.instrument:
         if args.accumulate > 1:

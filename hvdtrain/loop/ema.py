@@ -1,7 +1,10 @@
 """``--ema DECAY``: an exponential moving average of the model, kept on every rank.
 
 After every optimizer step (every ``--ema-every`` N steps, with DECAY**N) each array of the
-model is averaged in: ``ema = DECAY * ema + (1 - DECAY) * array``. Every array, as
+model is averaged in: ``ema = DECAY * ema + (1 - DECAY) * array``. During the learning-rate
+warm-up (``--warmup-epochs``) the average is the model itself, as torchvision's reference
+restarts its average through the warm-up epochs: the first, fast-moving weights are left
+out. Every array, as
 torchvision's ``ExponentialMovingAverage`` with ``use_buffers=True``: the weights and the
 arrays no gradient reaches (BatchNorm's running statistics), so that the averaged weights
 are evaluated with statistics averaged over the same steps.
@@ -48,8 +51,9 @@ def lerp_(targets: Sequence[mx.nd.NDArray], sources: Sequence[mx.nd.NDArray],
 
     One pass over the arrays, in a few engine operations: MXNet's multi-tensor SGD update
     computes ``(1 - lr * wd) * w - lr * rescale_grad * g``, which with ``lr = 1``,
-    ``wd = weight``, ``rescale_grad = -weight`` and ``g`` the source is exactly this
-    (half the time of the same in NDArray arithmetic, measured on ResNet-18's weights)."""
+    ``wd = weight``, ``rescale_grad = -weight`` and ``g`` the source is exactly this, reading
+    each array once and writing the target once (NDArray arithmetic would write a
+    temporary of each source and read it back)."""
     for first in range(0, len(targets), CHUNK):
         part = list(targets[first:first + CHUNK])
         pairs = [array for pair in zip(part, sources[first:first + CHUNK]) for array in pair]
@@ -79,12 +83,9 @@ class WeightAverage:
         if not 0 < decay < 1 or every < 1:
             raise ValueError(f"decay must be in (0, 1) and every >= 1, got {decay}, {every}")
         self.decay, self.every = float(decay), int(every)
+        self.warmup_steps = 0  # through this optimizer step the average copies the model
         self.params = params_by_place(net)
         self.names = sorted(self.params)
-        # Trained arrays are written by the update; the others (running statistics) by the
-        # backward pass, which MXNet's engine does not track under a static graph.
-        self.trained = [n for n in self.names if self.params[n].grad_req != "null"]
-        self.untrained = [n for n in self.names if self.params[n].grad_req == "null"]
         self.arrays: Dict[str, mx.nd.NDArray] = {
             name: self.params[name].list_data()[0].astype("float32") for name in self.names}
 
@@ -95,16 +96,21 @@ class WeightAverage:
 
     def update(self, step: int) -> bool:
         """Average the model in after optimizer step `step` (counted from 1 over the whole
-        run) if it is one of every `every`-th; returns whether it was."""
+        run) if it is one of every `every`-th (copy it, in the warm-up); returns whether
+        it was."""
         if step % self.every:
             return False
-        weight = 1.0 - self.decay ** self.every
-        lerp_([self.arrays[n] for n in self.trained],
-              [self._source(n) for n in self.trained], weight)
-        if self.untrained:
-            after = self._after_backward()
-            lerp_([self.arrays[n] for n in self.untrained],
-                  [self._source(n, after) for n in self.untrained], weight)
+        weight = 1.0 if step <= self.warmup_steps else 1.0 - self.decay ** self.every
+        # Trained arrays are written by the update; the others (running statistics) by the
+        # backward pass, which MXNet's engine does not track under a static graph. Sorted
+        # now, not once: fine-tuning may freeze or unfreeze layers between epochs.
+        trained = [n for n in self.names if self.params[n].grad_req != "null"]
+        untrained = [n for n in self.names if self.params[n].grad_req == "null"]
+        lerp_([self.arrays[n] for n in trained], [self._source(n) for n in trained], weight)
+        if untrained:
+            after = self._after_backward(trained)
+            lerp_([self.arrays[n] for n in untrained],
+                  [self._source(n, after) for n in untrained], weight)
         return True
 
     def _source(self, name: str, after: Optional[mx.nd.NDArray] = None) -> mx.nd.NDArray:
@@ -113,7 +119,7 @@ class WeightAverage:
             array = mx.nd.broadcast_add(array, after.astype(array.dtype, copy=False))
         return array.astype("float32", copy=False)
 
-    def _after_backward(self) -> Optional[mx.nd.NDArray]:
+    def _after_backward(self, trained: List[str]) -> Optional[mx.nd.NDArray]:
         """A (1,) zero that MXNet's engine computes only once this step's gradients are
         all written (so once its backward passes, which move the running statistics, have
         ended): added to a statistic, it makes the engine read the statistic after them.
@@ -121,7 +127,7 @@ class WeightAverage:
         Under a static graph (``hybridize(static_alloc=True)``) MXNet 1.9.1's engine does not
         know that BatchNorm's backward writes its running statistics; a plain read of them
         runs before it (seen in 49 of 50 steps)."""
-        firsts = [self.params[n].list_grad()[0].reshape((-1,))[0:1] for n in self.trained]
+        firsts = [self.params[n].list_grad()[0].reshape((-1,))[0:1] for n in trained]
         if not firsts:
             return None
         return mx.nd.zeros_like(mx.nd.add_n(*firsts) if len(firsts) > 1 else firsts[0])
@@ -130,8 +136,8 @@ class WeightAverage:
         """The averages of the arrays no gradient reaches (floating point), in a fixed
         order, the same on every rank: each rank's differ, and are averaged over the ranks
         with the model's own."""
-        return [self.arrays[n] for n in self.untrained
-                if np.issubdtype(np.dtype(self.params[n].dtype), np.floating)]
+        return [self.arrays[n] for n in self.names if self.params[n].grad_req == "null"
+                and np.issubdtype(np.dtype(self.params[n].dtype), np.floating)]
 
     @contextlib.contextmanager
     def applied(self):

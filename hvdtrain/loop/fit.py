@@ -157,7 +157,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
                      cfg.lr_decay_factor, cfg.lr_schedule, cfg.epochs * steps_per_epoch)
 
-    recipe = Recipe.of(cfg, net, dist, data.num_classes, ema)
+    recipe = Recipe.of(cfg, net, dist, data.num_classes, steps_per_epoch, ema)
     recipe.attach(outputs.checkpointer)
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,

@@ -12,6 +12,7 @@ from typing import Callable, List, Optional
 from .clipping import GradClipper
 from .ema import EMA_PARAMS, WeightAverage
 from .mixing import MEASURES, Mixing
+from .schedule import warmup_steps
 
 
 @dataclass
@@ -24,13 +25,15 @@ class Recipe:
     ema: Optional[WeightAverage] = None
 
     @classmethod
-    def of(cls, cfg, net, dist, classes: int,
+    def of(cls, cfg, net, dist, classes: int, steps_per_epoch: int,
            ema: Optional[WeightAverage] = None) -> "Recipe":
         """The parts `cfg` turns on; `ema`, the job's average (it outlives one ``fit``: an
         elastic job enters ``fit`` again after a reset), or a fresh one from the model as
-        it is now."""
-        return cls(Mixing.of(cfg, classes), GradClipper.of(cfg, net, dist),
-                   ema if ema is not None else WeightAverage.of(cfg, net))
+        it is now. The average copies the model through the warm-up's steps."""
+        ema = ema if ema is not None else WeightAverage.of(cfg, net)
+        if ema is not None:
+            ema.warmup_steps = warmup_steps(cfg.warmup_epochs, steps_per_epoch)
+        return cls(Mixing.of(cfg, classes), GradClipper.of(cfg, net, dist), ema)
 
     def statistics(self) -> List:
         """Arrays to average over the ranks with the model's running statistics."""

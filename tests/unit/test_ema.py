@@ -48,11 +48,14 @@ def recorded_run(monkeypatch, **flags):
     return run, start[0], steps
 
 
-def numpy_average(start, steps, decay, every=1):
+def numpy_average(start, steps, decay, every=1, warmup=0):
+    """torchvision's: the model itself through the warm-up's `warmup` steps, then every
+    `every` steps ``ema = d * ema + (1 - d) * model`` with ``d = decay ** every``."""
     ema = dict(start)
     for number, values in enumerate(steps, 1):
         if number % every == 0:
-            ema = {n: decay ** every * ema[n] + (1 - decay ** every) * values[n] for n in ema}
+            kept = 0.0 if number <= warmup else decay ** every
+            ema = {n: kept * ema[n] + (1 - kept) * values[n] for n in ema}
     return ema
 
 
@@ -62,12 +65,13 @@ def assert_close(ours, want, rtol=2e-5):
         np.testing.assert_allclose(ours[name], want[name], rtol=rtol, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("every", [1, 3])
-def test_the_average_is_numpys_running_average_of_every_array(monkeypatch, tmp_path, every):
+@pytest.mark.parametrize("every,warmup_epochs,warmup", [(1, 0, 0), (3, 0, 0), (1, 0.5, 12)])
+def test_the_average_is_numpys_running_average_of_every_array(monkeypatch, tmp_path, every,
+                                                              warmup_epochs, warmup):
     run, start, steps = recorded_run(monkeypatch, epochs=2, ema=0.8, ema_every=every,
-                                     output_dir=str(tmp_path))
-    assert len(steps) == 2 * 23  # 1437 samples at 64: 23 steps an epoch
-    want = numpy_average(start, steps, 0.8, every)
+                                     warmup_epochs=warmup_epochs, output_dir=str(tmp_path))
+    assert len(steps) == 2 * 23  # 1437 samples at 64: 23 steps an epoch (warm-up: 11.5)
+    want = numpy_average(start, steps, 0.8, every, warmup)
     assert any(n.endswith("running_var") for n in want)
     assert_close(run.ema.state(), want)
     saved = {n: a.asnumpy() for n, a in mx.nd.load(str(tmp_path / "model-ema.params")).items()}
