@@ -4,10 +4,9 @@ After every optimizer step (every ``--ema-every`` N steps, with DECAY**N) each a
 model is averaged in: ``ema = DECAY * ema + (1 - DECAY) * array``. During the learning-rate
 warm-up (``--warmup-epochs``) the average is the model itself, as torchvision's reference
 restarts its average through the warm-up epochs: the first, fast-moving weights are left
-out. Every array, as
-torchvision's ``ExponentialMovingAverage`` with ``use_buffers=True``: the weights and the
-arrays no gradient reaches (BatchNorm's running statistics), so that the averaged weights
-are evaluated with statistics averaged over the same steps.
+out. Every array, as torchvision's ``ExponentialMovingAverage`` with ``use_buffers=True``:
+the weights and the arrays no gradient reaches (BatchNorm's running statistics), so that
+the averaged weights are evaluated with statistics averaged over the same steps.
 
 No communication: every rank holds the same weights after each update, so every rank's
 average of them is the same (the same float32 operations on the same values). The running
