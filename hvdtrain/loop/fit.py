@@ -107,6 +107,7 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
         outputs.metrics.write("stop", **record)
         _checkpoint(outputs, net, trainer, state, True, watchdog)
 
+    _gather(outputs, trainer, state, True)
     write_together(dist, write, f"step {state.step}")
     return record
 
@@ -122,6 +123,13 @@ def _epoch_outputs(outputs: Outputs, net, trainer, state: TrainState, record: di
                                   train_samples_per_sec=record["samples_per_sec"],
                                   train_lr=record["lr"])
     _checkpoint(outputs, net, trainer, state, last, watchdog)
+
+
+def _gather(outputs: Outputs, trainer, state: TrainState, last: bool) -> None:
+    """On every rank: what the checkpoint due (if any) needs from all of them (a
+    collective when the trainer compresses: PowerSGD's errors are summed)."""
+    if outputs.checkpointer is not None:
+        outputs.checkpointer.gather(trainer, state, last)
 
 
 def _checkpoint(outputs: Outputs, net, trainer, state: TrainState, last: bool,
@@ -224,9 +232,10 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
         if commit is not None:
             commit(state, "epoch done")
+        last = stopping or state.epoch == cfg.epochs
+        _gather(outputs, trainer, state, last)
         write_together(dist, lambda: _epoch_outputs(
-            outputs, net, trainer, state, record, stopping or state.epoch == cfg.epochs,
-            watchdog), f"step {state.step}")
+            outputs, net, trainer, state, record, last, watchdog), f"step {state.step}")
         if commit is not None:
             commit(state, "epoch written")
         if stopping:

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
                                checkpoint_name, complete_checkpoints, missing_files, param_shapes)
+from . import compression_state
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
 # What an interrupted save or prune leaves behind (never named epoch-*).
@@ -30,7 +31,7 @@ def save_params(net, path: str) -> str:
 
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
-                    with_states: bool = True) -> str:
+                    with_states: bool = True, compression: Optional[Dict] = None) -> str:
     """Write a checkpoint named after `meta`'s position and keep the newest `keep` ones.
 
     Parameters
@@ -40,6 +41,8 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         inside the next epoch. Saved as ``meta.json`` with the shapes.
     with_states : bool
         False when the optimizer runs on parameter servers (``dist_async``).
+    compression : dict, optional
+        PowerSGD's state, gathered on every rank (:func:`.compression_state.gather`).
     """
     folder = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(folder, exist_ok=True)
@@ -49,7 +52,9 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write_folder(tmp, net, trainer, dict(meta, param_shapes=param_shapes(net),
-                                              has_states=with_states), with_states)
+                                              has_states=with_states,
+                                              has_compression_state=compression is not None),
+                      with_states, compression)
     except Exception as err:  # a full disk shows up as OSError or MXNetError
         failure = write_failure(tmp, err)
         shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
@@ -68,12 +73,14 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     return final
 
 
-def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool) -> None:
+def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
+                  compression: Optional[Dict]) -> None:
     """Write and fsync every file of a checkpoint into the new folder `tmp`."""
     os.makedirs(tmp)
     net.save_parameters(os.path.join(tmp, PARAMS))
     if with_states:
         trainer.save_states(os.path.join(tmp, STATES))
+    compression_state.write(tmp, compression)
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=1, sort_keys=True)
     for entry in os.listdir(tmp):
@@ -133,6 +140,7 @@ class Checkpointer:
 
     def __init__(self, output_dir: Optional[str], every: int = 1, keep: int = 3,
                  enabled: bool = True, meta: Optional[Dict] = None, with_states: bool = True):
+        self.saving = output_dir is not None  # on every rank: the run saves checkpoints
         self.output_dir = output_dir if enabled else None
         self.every = every
         self.keep = keep
@@ -140,16 +148,32 @@ class Checkpointer:
         self.with_states = with_states
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
+        self.compression: Optional[Dict] = None  # what gather() collected for the next save
+
+    def due(self, state, last: bool = False) -> bool:
+        """Whether a checkpoint is saved after `state` (the same answer on every rank)."""
+        return self.saving and (last or state.epoch % self.every == 0)
+
+    def gather(self, trainer, state, last: bool = False) -> None:
+        """On every rank, before :meth:`after_epoch`: what a due checkpoint needs from all
+        ranks (PowerSGD's errors are summed over them)."""
+        self.compression = compression_state.gather(trainer) if self.due(state, last) \
+            else None
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
-        ``step`` and ``epoch_samples`` (inside the next epoch)."""
-        if self.output_dir is None or not (last or state.epoch % self.every == 0):
+        ``step`` and ``epoch_samples`` (inside the next epoch). A trainer that compresses
+        needs :meth:`gather` first, on every rank."""
+        if self.output_dir is None or not self.due(state, last):
             return None
+        if compression_state.compression_of(trainer) is not None and self.compression is None:
+            raise RuntimeError("a checkpoint of a compressing trainer needs gather() first, "
+                               "on every rank")
         path = save_checkpoint(self.output_dir, net, trainer,
                                dict(self.meta, epoch=state.epoch, step=state.step,
                                     epoch_samples=getattr(state, "epoch_samples", 0),
                                     **self.extra(trainer)),
-                               self.keep, self.with_states)
+                               self.keep, self.with_states, self.compression)
+        self.compression = None
         logger.info("checkpoint saved: %s", path)
         return path
