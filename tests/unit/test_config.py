@@ -135,7 +135,7 @@ EDGE_VALUES = [
     ("--data-workers", ["-1"]),
     ("--seed", ["-1", str(2 ** 31), str(10 ** 30)]),
 ]
-# --checkpoint-every takes epochs, steps or a time: tests/unit/test_preemption.py.
+# --checkpoint-every takes epochs, steps or a time: tests/unit/test_stop_signals.py.
 
 
 @pytest.mark.parametrize("flag,value", [(f, v) for f, values in EDGE_VALUES for v in values])
