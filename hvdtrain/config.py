@@ -24,6 +24,10 @@ COMMIT_EVERY = 20  # --commit-every's default, in steps
 # of every rank of a run stopped by a signal, its checkpoint saved (docs/reliability.md,
 # "Preemption"). Here, standard library only, because hvdtrain-launch reads it too.
 EXIT_PREEMPTED = 75
+# --powersgd-rank's default: the paper's ResNet-18/CIFAR-10 runs matched SGD from rank 2; 4
+# leaves a margin for larger models at still about 1/100 of the bytes (docs/performance.md).
+POWERSGD_RANK = 4
+POWERSGD_START_STEP = 1000  # PyTorch DDP's start_powerSGD_iter default
 IMAGE_LAYOUTS = {"imagefolder": "train/<class>/*.jpg and val/<class>/*",
                  "recordio": "train.rec, train.idx, val.rec and val.idx"}
 
@@ -183,6 +187,20 @@ class TrainConfig:
                                        "dist_device_sync", "dist_async"))
     fp16_allreduce: bool = option(
         False, "send gradients as float16 (horovod store)", group="distribution", kind="switch")
+    compression: str = option(
+        "none", "powersgd: each large gradient matrix travels as two low-rank factors, with "
+        "error feedback (horovod store; docs/performance.md#powersgd-compression); none: "
+        "gradients travel whole", group="distribution", choices=("none", "powersgd"))
+    powersgd_rank: Optional[int] = option(
+        None, "--compression powersgd: columns of the factors; higher sends more and "
+        "approximates closer", group="distribution", range=POSITIVE, shown=str(POWERSGD_RANK))
+    powersgd_start_step: Optional[int] = option(
+        None, "--compression powersgd: the first N optimizer steps of the run send gradients "
+        "whole (a warm start, as PyTorch DDP's start_powerSGD_iter)", group="distribution",
+        range=NON_NEGATIVE, shown=str(POWERSGD_START_STEP))
+    powersgd_no_error_feedback: bool = option(
+        False, "--compression powersgd without error feedback: for study only, it costs "
+        "accuracy", group="distribution", kind="switch")
     grad_bucket_mb: float = option(
         25.0, "gradients live in flat buckets of at most this many MiB, each reduced by one "
         "in-place allreduce as soon as backward fills it; 0: one allreduce per parameter "
@@ -270,6 +288,13 @@ class TrainConfig:
     def commit_interval(self) -> int:
         """Steps between two elastic commits (``--commit-every``, or its default)."""
         return self.commit_every or COMMIT_EVERY
+
+    @property
+    def powersgd(self) -> Tuple[int, int]:
+        """(rank, start step) of ``--compression powersgd``, defaults filled in."""
+        return (self.powersgd_rank or POWERSGD_RANK,
+                POWERSGD_START_STEP if self.powersgd_start_step is None
+                else self.powersgd_start_step)
 
     @property
     def model_name(self) -> str:
@@ -365,6 +390,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("--commit-every is the interval of --elastic's commits: add "
                           "--elastic, or drop it")
     check_start_weights(cfg)
+    check_compression(cfg)
     if cfg.eval_only:
         check_eval_only(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
@@ -386,6 +412,34 @@ def check_elastic(cfg: TrainConfig) -> None:
         raise ConfigError("--elastic with --output-dir needs --resume auto: a worker that "
                           "joins later, or a relaunch, must continue from the checkpoints "
                           "the job wrote, not refuse them")
+
+
+def check_compression(cfg: TrainConfig) -> None:
+    """What ``--compression powersgd`` needs of the other options."""
+    if cfg.compression != "powersgd":
+        given = [flag for flag, value in (("--powersgd-rank", cfg.powersgd_rank),
+                                          ("--powersgd-start-step", cfg.powersgd_start_step),
+                                          ("--powersgd-no-error-feedback",
+                                           cfg.powersgd_no_error_feedback or None))
+                 if value is not None]
+        if given:
+            raise ConfigError(f"{given[0]} sets up --compression powersgd: add it, or drop "
+                              f"{given[0]}")
+        return
+    if cfg.kvstore != "horovod":
+        raise ConfigError(f"--compression powersgd sends its factors by Horovod allreduce "
+                          f"inside hvdtrain's gradient buckets: it needs --kvstore horovod, "
+                          f"not {cfg.kvstore}")
+    if not cfg.grad_bucket_mb:
+        raise ConfigError("--compression powersgd compresses inside the gradient buckets: "
+                          "--grad-bucket-mb must be above 0")
+    if cfg.dtype == "float16":
+        raise ConfigError("--compression powersgd works on float32 gradients: drop --dtype "
+                          "float16 (--amp keeps float32 gradients and works with it)")
+    if len(cfg.gpus) > 1 or (cfg.gpus_per_worker or 1) > 1:
+        raise ConfigError("--compression powersgd compresses one device's gradients per "
+                          "worker: run one worker per GPU (horovodrun -np <GPUs>) instead of "
+                          "--gpus/--gpus-per-worker")
 
 
 def check_eval_only(cfg: TrainConfig) -> None:

@@ -140,6 +140,7 @@ class Boundary:
             self.guard.check(state.step, force=True)
         averages = averaged_running_stats(self.net, self.dist)
         if self.checkpointer is not None:
+            self.checkpointer.gather(self.trainer)  # PowerSGD's errors: summed over ranks
             names = {id(param): name for name, param in params_by_place(self.net).items()}
             self.checkpointer.save(self.net, self.trainer, state,
                                    {names[id(param)]: value for param, value in averages})

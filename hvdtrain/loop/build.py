@@ -12,6 +12,7 @@ from . import precision
 from ..config import TrainConfig
 from ..store.dist import DistContext
 from ..store.buckets import BucketedTrainer
+from ..store.powersgd import PowerSGD
 from ..store.gluon_internals import set_up_store
 from ..data.loader import BatchLoader
 from ..data.streamed import ImageLoader
@@ -33,7 +34,10 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext,
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
     run the optimizer and apply each worker's gradient as it arrives. `policy` (default:
     the configuration's) adds what float16 weights need. With ``cfg.accumulate`` > 1 the
-    gradients are made to accumulate (``grad_req='add'``) before the buckets are planned."""
+    gradients are made to accumulate (``grad_req='add'``) before the buckets are planned.
+    With ``--compression powersgd`` the buckets' large gradient matrices travel as
+    PowerSGD's factors (:mod:`hvdtrain.store.powersgd`), compressed once per optimizer
+    step whatever ``--accumulate``."""
     policy = policy or precision.Precision.of(cfg)
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
               "wd": cfg.wd, **policy.optimizer_options()}
@@ -43,8 +47,16 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext,
     if cfg.accumulate > 1:
         accumulate_gradients(net)
     update_on_kvstore = None if dist.store is None else not dist.synchronous
+    compression = None
+    if cfg.compression == "powersgd":
+        rank, start = cfg.powersgd
+        # Under AMP a loss-scale overflow makes the factors NaN on every rank (and AMP skips
+        # that update): the guard keeps it from poisoning PowerSGD's state for good.
+        compression = PowerSGD(rank, start, not cfg.powersgd_no_error_feedback, seed=cfg.seed,
+                               guard=policy.amp)
     return BucketedTrainer(net.collect_params(), cfg.optimizer, params, kvstore=dist.store,
-                           update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb)
+                           update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb,
+                           compression=compression)
 
 
 def initialize(net, devices, image_shape, seed: int, rank: int, hybridize: bool = True) -> None:

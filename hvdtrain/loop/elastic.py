@@ -17,7 +17,8 @@ What one commit holds:
 
 A restore and a sync also zero every gradient (in place: the buckets hold them as views):
 a commit is taken between steps, where none is pending, and the undone attempt's
-micro-batches must not reach the next step's update.
+micro-batches must not reach the next step's update. PowerSGD's per-rank errors are reset
+too (:func:`hvdtrain.state.compression_state.reset`).
 
 The spike in ``docs/elastic.md`` showed that writing the restored values into the existing
 arrays is enough after a failed allreduce: the engine's error is raised once (by
@@ -33,6 +34,7 @@ import numpy as np
 from horovod.common.elastic import ObjectState
 
 from ..runtime.elastic_run import collective_errors, drain_engine
+from ..state import compression_state
 from ..state.loss_scale import loss_scale_state, restore_loss_scale
 from ..state.train_state import TrainState
 from ..store.broadcast import broadcast_object
@@ -176,6 +178,9 @@ class GluonState(ObjectState):
         # may have left micro-batches summed (grad_req='add'), possibly half reduced, and
         # neither backward nor the epoch would ever zero them: the first step would add them.
         discard_gradients(params.values())
+        # PowerSGD's errors belong to the ranks of the attempt undone (some may be gone, a
+        # new one has none): every rank starts them from zero, and Q from its seed.
+        compression_state.reset(self.trainer, position.step)
         set_optimizer_states(self.trainer, optimizer)
         restore_loss_scale(self.trainer, loss_scale)
         self.position = dataclasses.replace(position)

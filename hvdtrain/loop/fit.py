@@ -58,8 +58,16 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
         record["checkpoint"] = checkpoint(outputs, net, trainer, state, True, watchdog,
                                           wait=True)
 
+    _gather(outputs, trainer, True)
     write_together(dist, write, f"step {state.step}")
     return record
+
+
+def _gather(outputs: Outputs, trainer, due: bool) -> None:
+    """On every rank, before rank 0 saves a checkpoint that is `due`: what it needs from
+    all of them (a collective when the trainer compresses: PowerSGD's errors are summed)."""
+    if outputs.checkpointer is not None:
+        outputs.checkpointer.gather(trainer, due)
 
 
 def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfig,
@@ -172,6 +180,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             if commit is not None:
                 commit(state, "epoch done")
             due = last or asked or (boundary is not None and boundary.pending)
+            _gather(outputs, trainer, outputs.checkpointer is not None and
+                    outputs.checkpointer.due(state, due))
             saved = []
             write_together(dist, lambda: saved.append(write_epoch(
                 outputs, net, trainer, state, record, due, last or asked, watchdog)),

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
                                checkpoint_name, complete_checkpoints, missing_files, param_shapes)
+from . import compression_state
 from .background import BackgroundWrite
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
@@ -31,7 +32,7 @@ def save_params(net, path: str) -> str:
 
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
-                    with_states: bool = True) -> str:
+                    with_states: bool = True, compression: Optional[Dict] = None) -> str:
     """Write a checkpoint named after `meta`'s position and keep the newest `keep` ones.
 
     Parameters
@@ -41,6 +42,8 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         inside the next epoch. Saved as ``meta.json`` with the shapes.
     with_states : bool
         False when the optimizer runs on parameter servers (``dist_async``).
+    compression : dict, optional
+        PowerSGD's state, gathered on every rank (:func:`.compression_state.gather`).
     """
     folder = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(folder, exist_ok=True)
@@ -50,7 +53,9 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write_folder(tmp, net, trainer, dict(meta, param_shapes=param_shapes(net),
-                                              has_states=with_states), with_states)
+                                              has_states=with_states,
+                                              has_compression_state=compression is not None),
+                      with_states, compression)
     except Exception as err:  # a full disk shows up as OSError or MXNetError
         failure = write_failure(tmp, err)
         shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
@@ -69,12 +74,14 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     return final
 
 
-def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool) -> None:
+def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
+                  compression: Optional[Dict]) -> None:
     """Write and fsync every file of a checkpoint into the new folder `tmp`."""
     os.makedirs(tmp)
     net.save_parameters(os.path.join(tmp, PARAMS))
     if with_states:
         trainer.save_states(os.path.join(tmp, STATES))
+    compression_state.write(tmp, compression)
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=1, sort_keys=True)
     for entry in os.listdir(tmp):
@@ -149,36 +156,55 @@ class Checkpointer:
         self.meta = dict(meta or {})
         self.with_states = with_states
         self.host_copy = host_copy
+        self.saving = output_dir is not None  # on every rank: the run saves checkpoints
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
+        self.compression: Optional[Dict] = None  # what gather() collected for the next save
         self._write: Optional[BackgroundWrite] = None
+
+    def due(self, state, last: bool = False) -> bool:
+        """Whether :meth:`after_epoch` saves after `state` (the same answer on every
+        rank)."""
+        return self.saving and bool(last or (self.every and state.epoch % self.every == 0))
+
+    def gather(self, trainer, due: bool = True) -> None:
+        """On every rank, before a save that is `due`: what it needs from all ranks
+        (PowerSGD's errors, summed over them), kept for the save."""
+        self.compression = compression_state.gather(trainer) if due and self.saving \
+            else None
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
-        ``step`` and ``epoch_samples`` (inside the next epoch)."""
-        if not (last or (self.every and state.epoch % self.every == 0)):
+        ``step`` and ``epoch_samples`` (inside the next epoch). A trainer that compresses
+        needs :meth:`gather` first, on every rank."""
+        if not self.due(state, last):
             return None
         return self.save(net, trainer, state)
 
     def save(self, net, trainer, state, replace: Optional[Dict] = None) -> Optional[str]:
         """Save the checkpoint of `state`'s position (None when saving is off) and return
         its path; in the background with a `host_copy`, once the write before it is done
-        (whose failure this raises). `replace`: see `host_copy`."""
+        (whose failure this raises). `replace`: see `host_copy`. A trainer that compresses
+        needs :meth:`gather` first, on every rank."""
         if self.output_dir is None:
             return None
+        compression, self.compression = self.compression, None
+        if compression is None and compression_state.compression_of(trainer) is not None:
+            raise RuntimeError("a checkpoint of a compressing trainer needs gather() first, "
+                               "on every rank")
         self.wait()
         samples = getattr(state, "epoch_samples", 0)
         meta = dict(self.meta, epoch=state.epoch, step=state.step, epoch_samples=samples,
                     **self.extra(trainer))
         if self.host_copy is None:
             path = save_checkpoint(self.output_dir, net, trainer, meta, self.keep,
-                                   self.with_states)
+                                   self.with_states, compression)
             logger.info("checkpoint saved: %s", path)
             return path
         copy = self.host_copy(net, trainer, self.with_states, replace)
         # save_checkpoint is looked up when the thread runs (a test shim may wrap it).
         self._write = BackgroundWrite(lambda: save_checkpoint(
-            self.output_dir, copy, copy, meta, self.keep, self.with_states))
+            self.output_dir, copy, copy, meta, self.keep, self.with_states, compression))
         return os.path.join(self.output_dir, CHECKPOINTS,
                             checkpoint_name(state.epoch, state.step, samples))
 

@@ -5,6 +5,7 @@ Layout under the output folder::
     checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
                           trainer.states   optimizer state (Trainer.save_states)
                           meta.json        written last: epoch, step, config, shapes, ...
+                          powersgd.npz     with --compression powersgd: Q, errors' sum
     checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
     checkpoints/latest                     name of the newest complete checkpoint
 
@@ -25,6 +26,7 @@ LATEST = "latest"
 META = "meta.json"
 PARAMS = "model.params"
 STATES = "trainer.states"
+COMPRESSION = "powersgd.npz"
 # epoch-0003: after 3 whole epochs; epoch-0003-step-0000041: stopped inside the 4th epoch
 # at optimizer step 41.
 NAME_PATTERN = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{7,}))?$")
@@ -72,10 +74,12 @@ def missing_files(path: str) -> bool:
         return True
     try:
         with open(os.path.join(path, META), encoding="utf-8") as src:
-            has_states = json.load(src).get("has_states")
+            meta = json.load(src)
+        has_states, compressed = meta.get("has_states"), meta.get("has_compression_state")
     except (OSError, ValueError, AttributeError):
         return False  # damaged, not half-deleted: kept for the user to look at
-    return has_states is True and not os.path.isfile(os.path.join(path, STATES))
+    return ((has_states is True and not os.path.isfile(os.path.join(path, STATES))) or
+            (compressed is True and not os.path.isfile(os.path.join(path, COMPRESSION))))
 
 
 def is_complete(path: str) -> bool:

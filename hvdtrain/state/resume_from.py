@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from . import compression_state
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
                          checkpoint_order, missing_files, named_checkpoints, param_shapes,
                          read_meta)
@@ -121,6 +122,8 @@ def restore(path: str, net, trainer, devices, meta: Optional[Dict] = None) -> Di
             trainer.load_states(os.path.join(path, STATES))
     except Exception as err:  # MXNet reports corrupt files as many exception types
         raise _corrupt(path, err) from None
+    if trainer is not None:
+        compression_state.load(path, trainer, meta)
     return meta
 
 

@@ -21,54 +21,19 @@ bucket is copied in.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
 
+from .bucket_plan import plan_buckets
 from .gluon_internals import (bound_gradient, bound_gradient_addresses, gradient_lists,
                               rehome_gradient)
+from .powersgd import PowerSGD
 
 MIB = 2 ** 20
 logger = logging.getLogger("hvdtrain")
-
-
-def plan_buckets(sizes: Sequence[int], bucket_bytes: int,
-                 dtypes: Optional[Sequence] = None) -> List[List[int]]:
-    """Group parameter positions into buckets of at most `bucket_bytes`, one dtype each.
-
-    Parameters
-    ----------
-    sizes : sequence of int
-        Bytes of each parameter's gradient, in the Trainer's parameter order.
-    bucket_bytes : int
-        Cap of a bucket; a gradient larger than the cap gets a bucket of its own.
-        0 puts every parameter in a bucket of its own.
-    dtypes : sequence, optional
-        Each gradient's dtype: a bucket holds one dtype only (it becomes one flat buffer).
-        Each dtype fills its own open bucket, so a float16 model whose BatchNorm layers
-        stay float32 gets about as many buckets as a float32 one.
-
-    Returns
-    -------
-    list of list of int
-        Positions into `sizes`, each bucket's in decreasing order; buckets ordered by
-        their first position, from the last parameter (the first gradient backward
-        produces) on.
-    """
-    buckets: List[List[int]] = []
-    open_buckets = {}  # dtype -> [positions, bytes]
-    for position in reversed(range(len(sizes))):
-        size = sizes[position]
-        current = open_buckets.setdefault(None if dtypes is None else dtypes[position], [[], 0])
-        if current[0] and current[1] + size > bucket_bytes:
-            buckets.append(current[0])
-            current[:] = [[], 0]
-        current[0].append(position)
-        current[1] += size
-    buckets.extend(positions for positions, _ in open_buckets.values() if positions)
-    return sorted(buckets, key=lambda bucket: -bucket[0])
 
 
 class BucketedTrainer(gluon.Trainer):
@@ -81,6 +46,9 @@ class BucketedTrainer(gluon.Trainer):
     bucket_mb : float
         Cap of a bucket in MiB; 0 keeps the Trainer's own exchange, one call per
         parameter.
+    compression : PowerSGD, optional
+        Compress the gradients it takes (:mod:`.powersgd`): they fill buckets of their
+        own, each exchanged as low-rank factors; one device per worker.
 
     Buckets apply to a store that reduces gradients only (``update_on_kvstore=False``)
     with names of its own choosing (``horovod``), when every gradient is dense; anything
@@ -107,8 +75,11 @@ class BucketedTrainer(gluon.Trainer):
 
     GROUPING_STORES = ("horovod",)
 
-    def __init__(self, *args, bucket_mb: float = 0.0, **kwargs):
+    def __init__(self, *args, bucket_mb: float = 0.0, compression: Optional[PowerSGD] = None,
+                 **kwargs):
         self._bucket_bytes = int(bucket_mb * MIB)
+        self.compression = compression
+        self._factored: list = []  # per bucket: its PowerSGD factors, or None (goes whole)
         self.buckets: List[List[int]] = []  # parameter positions; planned with the store
         self.replans = -1  # the first plan makes it 0
         self.copied_gradients = 0
@@ -138,6 +109,16 @@ class BucketedTrainer(gluon.Trainer):
         """Plan the buckets from the gradients as they are now and move them in."""
         self.buckets = self._plan() if self._bucketed else []
         self._flat_grads = [self._flatten(bucket) for bucket in self.buckets]
+        self._factored = [None] * len(self.buckets)
+        if self.compression is not None and self.buckets:
+            if len(self._flat_grads[0]) > 1:
+                raise ValueError("PowerSGD compresses the gradients of one device per worker")
+            self._factored = self.compression.plan(
+                [(flats[0], [(i, self._params[i].list_grad()[0]) for i in bucket])
+                 if self._compressed(self._params[bucket[0]].list_grad()[0]) else None
+                 for bucket, flats in zip(self.buckets, self._flat_grads)],
+                self._kvstore)
+            logger.info("%s", self.compression.describe())
         self._grad_lists = gradient_lists(self._params)
         in_buckets = [self._params[i] for bucket in self.buckets for i in bucket]
         self._views = [(param, device, grad) for param in in_buckets
@@ -150,9 +131,12 @@ class BucketedTrainer(gluon.Trainer):
         reduced = [i for i, p in enumerate(self._params) if p.grad_req != "null"]
         grads = [self._params[i].list_grad()[0] for i in reduced]
         sizes = [g.size * np.dtype(g.dtype).itemsize for g in grads]
-        dtypes = [np.dtype(g.dtype) for g in grads]
+        kinds = [(np.dtype(g.dtype), self._compressed(g)) for g in grads]
         return [[reduced[j] for j in bucket]
-                for bucket in plan_buckets(sizes, self._bucket_bytes, dtypes)]
+                for bucket in plan_buckets(sizes, self._bucket_bytes, kinds)]
+
+    def _compressed(self, grad: mx.nd.NDArray) -> bool:
+        return self.compression is not None and self.compression.compresses(grad.shape)
 
     def _flatten(self, bucket: List[int]) -> List[mx.nd.NDArray]:
         """Move the gradients of `bucket` into one flat buffer per device; return them."""
@@ -238,9 +222,17 @@ class BucketedTrainer(gluon.Trainer):
             super()._allreduce_grads()
             return
         self._copy_stray_gradients()
-        for bucket, flats in zip(self.buckets, self._flat_grads):
+        if self.compression is not None:
+            self.compression.start_step_exchange()
+        for bucket, flats, factored in zip(self.buckets, self._flat_grads, self._factored):
             # Same rule as the Trainer's per-key priority: earlier layers, needed first by
             # the next forward pass, rank higher in MXNet's engine. The key names the
             # bucket by its first parameter (and the plan): the same on every rank.
             key = f"bucket.{bucket[0]}" + (f".{self.replans}" if self.replans else "")
-            self._kvstore.pushpull(key, flats, priority=-min(bucket))
+            if factored is None:
+                self._kvstore.pushpull(key, flats, priority=-min(bucket))
+            else:  # step() has just set rescale_grad: the divisor of this step's sum
+                self.compression.exchange(factored, key, self._optimizer.rescale_grad,
+                                          priority=-min(bucket))
+        if self.compression is not None:
+            self.compression.finish_step()
