@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +40,9 @@ def run_ranks(prefix, out_dir, flags, timeout=JOB_TIMEOUT, env=None):
     cmd = list(prefix) + [sys.executable, os.path.join(HERE, "rank_worker.py"), str(out_dir)]
     proc = run_command(cmd + list(flags), timeout=timeout, env=env)
     assert proc.returncode == 0
-    results = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out_dir, "rank*.json")))]
+    # rank<R>.json only: HVDTRAIN_DUMP_EPOCHS also writes rank<R>-exchanged.json.
+    results = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out_dir, "rank*.json")))
+               if re.fullmatch(r"rank\d+\.json", os.path.basename(p))]
     params = [dict(np.load(os.path.join(out_dir, f"rank{r['rank']}.npz"))) for r in results]
     assert params
     return results, params, proc.stdout
