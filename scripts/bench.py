@@ -4,12 +4,13 @@ For each loop (plain, hvdtrain) and data (synthetic; CIFAR-format binary files g
 with augmentation): one rank alone, two ranks under horovodrun, and two independent one-rank
 processes at the same time (the denominator of scaling efficiency). Then an instrumented
 two-rank run for the share of step time spent in the gradient exchange. The same for
-hvdtrain as it was before zero-copy buckets. Then rows for an
-option (--fp16-allreduce) and ablations (hvdtrain with one of its changes undone), each a
+hvdtrain as it was before zero-copy buckets. Then rows for options (--fp16-allreduce,
+--compression powersgd) and ablations (hvdtrain with one of its changes undone), each a
 two-rank run and its two independent processes. Then the same comparison on a shaped link
 (scripts/bench_link.py: 2 ranks in a private network namespace, Gloo over a rate-limited
 loopback; skipped, saying why, where ``unshare -n``/``tc`` are unavailable): the plain loop,
-hvdtrain, --fp16-allreduce, --accumulate 4 and both. Then an allreduce microbenchmark, the
+hvdtrain, --fp16-allreduce, --accumulate 4 and both, and PowerSGD at ranks 2 and 4 (and
+with --accumulate 4). Then an allreduce microbenchmark, the
 cost of exchanging each step's sample count (scripts/bench_step_counts.py), the
 input-pipeline and memory rows of scripts/bench_images.py, and resnet50_v1 on 2 ranks from
 RecordIO against synthetic input (scripts/bench_input_bound.py), and hvdtrain-predict
@@ -50,6 +51,8 @@ BEFORE = {
 # An option users turn on, measured the same way.
 OPTIONS = {
     "hvdtrain, --fp16-allreduce": ("synthetic", {}, ["--fp16-allreduce"]),
+    # Its one-host cost (issue 39): the factors' compute against a cheap exchange.
+    "hvdtrain, --compression powersgd": ("synthetic", {}, ["--compression", "powersgd"]),
 }
 
 

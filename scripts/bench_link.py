@@ -43,6 +43,14 @@ ROWS = {
     # What docs/performance.md recommends at this link's compute-to-transfer ratio.
     "hvdtrain --fp16-allreduce --accumulate 8": ("hvdtrain", ["--fp16-allreduce",
                                                               "--accumulate", "8"]),
+    # Issue 39: PowerSGD at an unchanged global batch, then with accumulation (every timed
+    # step compressed: the worker's --powersgd-start-step is 0).
+    "hvdtrain --compression powersgd --powersgd-rank 2": (
+        "hvdtrain", ["--compression", "powersgd", "--powersgd-rank", "2"]),
+    "hvdtrain --compression powersgd --powersgd-rank 4": (
+        "hvdtrain", ["--compression", "powersgd", "--powersgd-rank", "4"]),
+    "hvdtrain --compression powersgd --powersgd-rank 4 --accumulate 4": (
+        "hvdtrain", ["--compression", "powersgd", "--powersgd-rank", "4", "--accumulate", "4"]),
 }
 # A token bucket deeper than lo's 64 KiB packets (TSO), and a queue long enough that TCP is
 # slowed by the rate, not by drops.

@@ -49,6 +49,12 @@ def parse():
     p.add_argument("--instrument", action="store_true",
                    help="wait after backward and after the allreduce to time the exchange")
     p.add_argument("--fp16-allreduce", action="store_true")
+    p.add_argument("--compression", choices=("none", "powersgd"), default="none",
+                   help="hvdtrain only: powersgd sends gradient matrices as low-rank factors")
+    p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--powersgd-start-step", type=int, default=0,
+                   help="steps sent whole first (default %(default)s: every timed step "
+                        "compressed; the run's own default is 1000)")
     p.add_argument("--accumulate", type=int, default=1,
                    help="hvdtrain only: micro-batches of --batch-size per step (one exchange)")
     # Ablations: hvdtrain's loop with one of its changes undone.
@@ -67,6 +73,8 @@ def parse():
     args = p.parse_args()
     if min(args.batch_size, args.steps, args.warmup + 1) < 1:
         p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
+    if args.compression != "none" and args.impl != "hvdtrain":
+        p.error("--compression is hvdtrain's (Horovod's MXNet binding has no PowerSGD)")
     if args.accumulate < 1 or (args.accumulate > 1 and args.impl != "hvdtrain"):
         p.error("--accumulate must be at least 1, and above 1 only with --impl hvdtrain "
                 "(Horovod's MXNet binding has no accumulation)")
@@ -106,9 +114,13 @@ def link_bytes():
     return None
 
 
-def gradient_bytes(net, args):
-    """Bytes of one rank's gradients as exchanged (float16 with --fp16-allreduce)."""
+def gradient_bytes(net, args, trainer=None):
+    """Bytes of one rank's gradients as exchanged (float16 with --fp16-allreduce); with
+    PowerSGD, the factors P and Q of the compressed matrices plus the other gradients."""
     values = sum(p.data().size for p in net.collect_params().values() if p.grad_req != "null")
+    compression = getattr(trainer, "compression", None)
+    if compression is not None:
+        values = compression.values_sent(values)
     return values * (2 if args.fp16_allreduce else 4)
 
 
@@ -220,9 +232,13 @@ def hvdtrain_loop(args, data):
     dist = DistContext.from_store(store)
     check_enough(data, args, dist.num_workers)
     share_cpu_threads(dist.local_size)
+    powersgd = dict(compression="powersgd", powersgd_rank=args.powersgd_rank,
+                    powersgd_start_step=args.powersgd_start_step) \
+        if args.compression == "powersgd" else {}
     cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
                       data_workers=args.data_workers, seed=0,
-                      grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate)
+                      grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate,
+                      **powersgd)
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
@@ -250,7 +266,7 @@ def hvdtrain_loop(args, data):
     assert stats.samples == args.steps * step_samples(args) * dist.num_workers, stats
     per_step = stats.seconds / args.steps
     return dist.rank, dist.num_workers, [(per_step, 0.0)] * args.steps, dict(
-        sent=sent, gradient_bytes=gradient_bytes(net, args), buckets=trainer.buckets)
+        sent=sent, gradient_bytes=gradient_bytes(net, args, trainer), buckets=trainer.buckets)
 
 
 def timed_exchange(trainer, batch_size):

@@ -217,6 +217,13 @@ class PowerSGD:
                             (m.error * bucket.error_scale).reshape(m.shape).asnumpy())
         raise KeyError(f"parameter {position} is not compressed")
 
+    def values_sent(self, gradient_values: int) -> int:
+        """Numbers a rank sends per compressed step, of a gradient of `gradient_values`:
+        the factors in place of the compressed matrices."""
+        matrices = sum(m.grad.size for b in self._buckets for m in b.matrices)
+        factors = sum(b.p_flat.size + b.q_flat.size for b in self._buckets)
+        return gradient_values - matrices + factors
+
     def describe(self) -> str:
         """What the plan compresses, for the log."""
         matrices = [m for b in self._buckets for m in b.matrices]
