@@ -3,6 +3,7 @@ on both ranks (each rank's error differs by design, the model must not), factors
 instead of whole gradients, and a resume that continues PowerSGD's state (tests/dist/
 rank_worker.py runs the ranks). The algorithm itself: test_powersgd_reference.py."""
 import json
+import os
 import shutil
 
 import numpy as np
@@ -43,18 +44,25 @@ def test_replicas_stay_identical_and_factors_travel(tmp_path, extra):
 
 
 def test_resume_continues_powersgds_state(tmp_path):
-    """One epoch, then a resume to two, against two epochs in one go: the same model to
-    rounding (the errors' sum is saved; each rank takes its share). The same resume with
-    the state taken out of the checkpoint ends further away: the state is what matters."""
-    flags = FLAGS + ["--powersgd-start-step", "0"]
+    """Stopped at step 17 (inside epoch 2) with checkpoints every 5 steps (written in the
+    background, each gathering the errors from every rank), then resumed: the same model
+    as two epochs in one go, to rounding (the errors' sum is saved; each rank takes its
+    share). The same resume with the state taken out of the checkpoint ends further away:
+    the state is what matters."""
+    flags = FLAGS + ["--powersgd-start-step", "0", "--epochs", "2"]
     straight = tmp_path / "straight"
-    _, uninterrupted, _ = run_ranks(HVD, straight, flags + ["--epochs", "2", "--output-dir",
+    _, uninterrupted, _ = run_ranks(HVD, straight, flags + ["--output-dir",
                                                             str(straight / "run")])
     part = tmp_path / "part"
-    run_ranks(HVD, part, flags + ["--epochs", "1", "--output-dir", str(part / "run")])
+    run_ranks(HVD, part, flags + ["--max-steps", "17", "--checkpoint-every", "5steps",
+                                  "--output-dir", str(part / "run")])
+    saved = sorted(os.listdir(part / "run" / "checkpoints"))
+    # Steps 5, 10, 15 and the stop at 17, the newest three kept.
+    assert saved == ["epoch-0000-step-0000010", "epoch-0001-step-0000015",
+                     "epoch-0001-step-0000017", "latest"], saved
     lost = tmp_path / "lost"
     shutil.copytree(part / "run", lost / "run")
-    checkpoint = lost / "run" / "checkpoints" / "epoch-0001"
+    checkpoint = lost / "run" / "checkpoints" / "epoch-0001-step-0000017"
     (checkpoint / "powersgd.npz").unlink()
     meta = json.loads((checkpoint / "meta.json").read_text())
     meta["has_compression_state"] = False
@@ -62,7 +70,7 @@ def test_resume_continues_powersgds_state(tmp_path):
     resumed = {}
     for name, folder in (("resumed", part), ("lost", lost)):
         _, resumed[name], log = run_ranks(HVD, folder, flags + [
-            "--epochs", "2", "--output-dir", str(folder / "run"), "--resume", "auto"])
+            "--output-dir", str(folder / "run"), "--resume", "auto"])
         assert "resumed from" in log, log[-3000:]
         assert_same_params(resumed[name][0], resumed[name][1])
     assert "holds no PowerSGD state: its errors start from zero" in log, log[-3000:]
