@@ -128,6 +128,10 @@ class TrainConfig:
     amp: bool = option(
         False, "MXNet automatic mixed precision with loss scaling (GPU only)", group="model",
         kind="switch")
+    last_gamma: bool = option(
+        False, "start each residual block's last BatchNorm gamma at zero, so every block "
+        "begins as the identity (model-zoo ResNets, v1 and v2)", group="model",
+        kind="switch")
     # optimisation
     batch_size: int = option(
         64, "samples per device per step (with Horovod: per worker); global batch = this x "
@@ -167,6 +171,34 @@ class TrainConfig:
     label_smoothing: float = option(
         0.0, "train on targets 1 - e for the true class and e / classes spread over all",
         group="optimisation", range=(0, 1, False, True))
+    mixup: float = option(
+        0.0, "mixup with Beta(ALPHA, ALPHA) weights: each training batch is blended with "
+        "itself shifted by one sample, and so are its (smoothed) targets; 0: off "
+        "(docs/training.md)", group="optimisation", range=NON_NEGATIVE, metavar="ALPHA")
+    cutmix: float = option(
+        0.0, "cutmix with Beta(ALPHA, ALPHA) areas: a box of each training image is pasted "
+        "from the batch's previous sample, targets weighted by area; with --mixup, each batch "
+        "takes one of the two at random; 0: off", group="optimisation",
+        range=NON_NEGATIVE, metavar="ALPHA")
+    mix_off_epoch: Optional[int] = option(
+        None, "--mixup and --cutmix stop after this many epochs (the later epochs train on "
+        "plain batches)", group="optimisation", range=POSITIVE, metavar="N")
+    no_wd: bool = option(
+        False, "no weight decay on biases and on normalisation layers' gamma and beta (found "
+        "by the layer they belong to)", group="optimisation", kind="switch")
+    ema: Optional[float] = option(
+        None, "keep an exponential moving average of the model (weights and BatchNorm "
+        "statistics), ema = DECAY x ema + (1 - DECAY) x model after every optimizer step; "
+        "evaluated beside the model and saved as model-ema.params", group="optimisation",
+        range=(0, 1, True, True), metavar="DECAY")
+    ema_every: int = option(
+        1, "update the --ema average every N optimizer steps only, with DECAY**N (its cost "
+        "shrinks N-fold; torchvision's reference takes 32)", group="optimisation",
+        range=POSITIVE, metavar="N")
+    clip_grad_norm: Optional[float] = option(
+        None, "scale each step's averaged gradient down to this global L2 norm when it is "
+        "larger (the norm over all parameters, the same on every rank)",
+        group="optimisation", range=POSITIVE, metavar="MAX")
     optimizer: str = option(
         "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
         choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
@@ -391,11 +423,37 @@ def validate(cfg: TrainConfig) -> None:
                           "--elastic, or drop it")
     check_start_weights(cfg)
     check_compression(cfg)
+    check_recipe(cfg)
     if cfg.eval_only:
         check_eval_only(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
+
+
+def check_recipe(cfg: TrainConfig) -> None:
+    """What the training recipe's options (mixing, --no-wd, --ema, clipping) need of the
+    others (docs/training.md, "The training recipe")."""
+    if cfg.mix_off_epoch is not None and not (cfg.mixup or cfg.cutmix):
+        raise ConfigError("--mix-off-epoch ends --mixup and --cutmix: give one of them, or "
+                          "drop it")
+    if cfg.ema_every != 1 and cfg.ema is None:
+        raise ConfigError("--ema-every is how often --ema updates its average: add --ema, "
+                          "or drop it")
+    if cfg.kvstore != "dist_async":
+        return
+    # Under dist_async the servers apply each worker's gradient as it arrives.
+    if cfg.clip_grad_norm is not None:
+        raise ConfigError("--clip-grad-norm clips the gradient averaged over all workers, "
+                          "which --kvstore dist_async never forms (the servers apply each "
+                          "worker's gradient on its own): drop one of them")
+    if cfg.ema is not None:
+        raise ConfigError("--ema averages the weights every worker holds alike; under "
+                          "--kvstore dist_async each worker holds its own: drop one of them")
+    if cfg.no_wd:
+        raise ConfigError("--no-wd sets each parameter's weight decay on the workers; under "
+                          "--kvstore dist_async the servers' optimizer applies it without "
+                          "them: drop one of them")
 
 
 def check_elastic(cfg: TrainConfig) -> None:

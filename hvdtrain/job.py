@@ -37,7 +37,9 @@ from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
 from .loop.boundary import host_copy
 from .loop.build import broadcast_parameters, build_trainer, initialize
+from .loop.ema import FINAL_EMA_PARAMS, WeightAverage
 from .loop.finetune import apply_phase, set_head_lr_mult
+from .loop.last_gamma import check_last_gamma, zero_last_gammas
 from .loop.start_weights import load_start_weights
 from .loop.weights_file import WeightsFile, resolve as resolve_weights
 from .loop.elastic_fit import fit_elastic
@@ -61,6 +63,7 @@ class Run:
     trainer: object
     dist: DistContext
     result: dict
+    ema: Optional[WeightAverage] = None  # --ema's average of the model
 
 
 def build_dist(cfg: TrainConfig, comm=None) -> DistContext:
@@ -147,13 +150,17 @@ def start_rank(cfg: TrainConfig, dist: DistContext, watchdog: Watchdog) -> None:
 
 
 def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog,
-                card: dict) -> None:
-    """Rank 0 saves the model card and then the trained parameters (every rank then learns
-    whether it could); busy meanwhile, so a save to slow storage is not taken for a stall.
-    ``model.params`` comes last: a folder holding it holds a finished run."""
+                card: dict, ema: Optional[WeightAverage] = None) -> None:
+    """Rank 0 saves the model card, ``--ema``'s average and then the trained parameters
+    (every rank then learns whether it could); busy meanwhile, so a save to slow storage is
+    not taken for a stall. ``model.params`` comes last: a folder holding it holds a finished
+    run."""
     if dist.is_root:
         with watchdog.busy("saving the final parameters"):
             atomic_write(os.path.join(output_dir, CARD_FILE), lambda p: write_card(p, card))
+            if ema is not None:
+                logger.info("their moving average (--ema) saved to %s", atomic_write(
+                    os.path.join(output_dir, FINAL_EMA_PARAMS), ema.save))
             logger.info("parameters saved to %s",
                         save_params(net, os.path.join(output_dir, "model.params")))
 
@@ -199,6 +206,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
+        if cfg.last_gamma:  # refused before any collective when the model has no such blocks
+            check_last_gamma(net, cfg.model_name)
         if cfg.kvstore == "horovod":  # read by hvd.init(), so set before build_dist
             os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ, cfg.elastic))
         if cfg.elastic and cfg.stall_timeout and cfg.stall_timeout <= gloo_timeout():
@@ -214,6 +223,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
         initialize(net, devices, data.image_shape, cfg.seed, dist.rank, cfg.hybridize)
         if weights is not None:  # on every rank, before rank 0's values are broadcast
             load_start_weights(net, weights, data.num_classes, card["classes"], cfg.model_name)
+        if cfg.last_gamma:  # rank 0's initial values are what every rank gets
+            zero_last_gammas(net, cfg.model_name)
         set_head_lr_mult(net, cfg.head_lr_mult)
         watchdog.beat("start-up (model initialised)")
         policy.prepare_model(net)
@@ -234,20 +245,22 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
             # meets the others first at the loop's sync (which also broadcasts rank 0's
             # parameters), and the folder is claimed again after every reset.
             until_the_end.callback(run_dir.release)
+            ema = _moving_average(cfg, net, run_dir)  # the elastic sync makes rank 0's everyone's
             dist, result = fit_elastic(
                 net, trainer, data, devices, dist.store, cfg, state, run_dir, watchdog,
                 policy, lambda now: _outputs(cfg, now, worker_batch, data, card),
-                lambda now: _finish(cfg, net, now, watchdog, card))
-            return Run(net, trainer, dist, result)
+                lambda now: _finish(cfg, net, now, watchdog, card, ema), ema)
+            return Run(net, trainer, dist, result, ema)
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous
                              else worker_batch)
         watchdog.beat("start-up (parameters broadcast)")
+        ema = _moving_average(cfg, net, run_dir)  # of rank 0's values, on every rank
         outputs = _outputs(cfg, dist, worker_batch, data, card)
         result = fit(net, trainer, data, devices, dist, cfg, outputs, state, watchdog, policy,
-                     signals=signals)
-        _finish(cfg, net, dist, watchdog, card)
-        return Run(net, trainer, dist, result)
+                     signals=signals, ema=ema)
+        _finish(cfg, net, dist, watchdog, card, ema)
+        return Run(net, trainer, dist, result, ema)
 
 
 def start_weights(cfg: TrainConfig, run_dir: RunDir) -> Optional[WeightsFile]:
@@ -272,10 +285,18 @@ def _outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int, data,
     return outputs
 
 
+def _moving_average(cfg: TrainConfig, net, run_dir: RunDir) -> Optional[WeightAverage]:
+    """``--ema``'s average: of the model as it is now, or the resumed checkpoint's."""
+    ema = WeightAverage.of(cfg, net)
+    if ema is not None and run_dir.resumed_from:
+        ema.resume(run_dir.resumed_from)
+    return ema
+
+
 def _finish(cfg: TrainConfig, net, dist: DistContext, watchdog: Watchdog,
-            card: dict) -> None:
-    """After the last epoch: rank 0 saves the card and the parameters, and every rank
-    learns whether it could."""
+            card: dict, ema: Optional[WeightAverage] = None) -> None:
+    """After the last epoch: rank 0 saves the card, the moving average and the parameters,
+    and every rank learns whether it could."""
     if cfg.output_dir:
-        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog, card),
-                       "the end")
+        write_together(dist, lambda: _save_final(net, cfg.output_dir, dist, watchdog, card,
+                                                 ema), "the end")

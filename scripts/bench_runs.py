@@ -167,6 +167,7 @@ class Results:
         self.allreduce = None
         self.images = []  # the input-pipeline rows (scripts/bench_images.py)
         self.counts = []  # the count exchange's cost (scripts/bench_step_counts.py)
+        self.recipe = None  # the training recipe's options, paired (scripts/bench_recipe.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
 
@@ -197,7 +198,8 @@ class Results:
         try:
             with open(temporary, "w") as out:
                 json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
-                               counts=self.counts, images=self.images, complete=complete), out, indent=1)
+                               counts=self.counts, images=self.images, recipe=self.recipe,
+                               complete=complete), out, indent=1)
             os.replace(temporary, self.path)
         finally:
             if os.path.exists(temporary):

@@ -31,6 +31,7 @@ from hvdtrain.store.buckets import BucketedTrainer
 from hvdtrain.loop.guard import FiniteGuard
 from hvdtrain.models import ZOO_MODELS, model_names
 from hvdtrain.loop.epoch import Loop, train_epoch
+from hvdtrain.loop.recipe import Recipe
 from hvdtrain.state.train_state import TrainState
 
 
@@ -66,6 +67,13 @@ def parse():
                    help="1: the host reads loss and accuracy after every step")
     p.add_argument("--data-workers", type=int, default=TrainConfig.data_workers,
                    help="0: batches prepared in the training thread, no prefetch")
+    # Options of the training recipe (issue 38), each measured as a row of its own.
+    p.add_argument("--mixup", type=float, default=0.0)
+    p.add_argument("--cutmix", type=float, default=0.0)
+    p.add_argument("--no-wd", action="store_true")
+    p.add_argument("--ema", type=float, default=None)
+    p.add_argument("--ema-every", type=int, default=1)
+    p.add_argument("--clip-grad-norm", type=float, default=None)
     p.add_argument("--copied-buckets", action="store_true",
                    help="buckets as grouped allreduces of separate gradients, copied into "
                         "Horovod's fusion buffer and back (hvdtrain before zero-copy buckets)")
@@ -75,6 +83,9 @@ def parse():
         p.error("--batch-size and --steps must be at least 1, --warmup at least 0")
     if args.compression != "none" and args.impl != "hvdtrain":
         p.error("--compression is hvdtrain's (Horovod's MXNet binding has no PowerSGD)")
+    recipe = (args.mixup, args.cutmix, args.no_wd, args.ema, args.clip_grad_norm)
+    if args.impl != "hvdtrain" and recipe != (0.0, 0.0, False, None, None):
+        p.error("the training recipe's options are hvdtrain's: they need --impl hvdtrain")
     if args.accumulate < 1 or (args.accumulate > 1 and args.impl != "hvdtrain"):
         p.error("--accumulate must be at least 1, and above 1 only with --impl hvdtrain "
                 "(Horovod's MXNet binding has no accumulation)")
@@ -235,10 +246,15 @@ def hvdtrain_loop(args, data):
     powersgd = dict(compression="powersgd", powersgd_rank=args.powersgd_rank,
                     powersgd_start_step=args.powersgd_start_step) \
         if args.compression == "powersgd" else {}
-    cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
-                      data_workers=args.data_workers, seed=0,
-                      grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate,
-                      **powersgd)
+    try:
+        cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
+                          data_workers=args.data_workers, seed=0,
+                          grad_bucket_mb=args.grad_bucket_mb, accumulate=args.accumulate,
+                          mixup=args.mixup, cutmix=args.cutmix, no_wd=args.no_wd,
+                          ema=args.ema, ema_every=args.ema_every,
+                          clip_grad_norm=args.clip_grad_norm, **powersgd)
+    except ConfigError as err:
+        sys.exit(f"bench_worker: {err}")
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank, args.hybridize)
@@ -247,8 +263,11 @@ def hvdtrain_loop(args, data):
         trainer.__class__ = CopiedBuckets  # before the store is set up, which plans buckets
     hvdtrain.broadcast_parameters(trainer, step_samples(args) * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
+    # After the broadcast, as the job makes it; no warm-up here.
+    recipe = Recipe.of(cfg, net, dist, data.num_classes, len(train_loader))
     loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
-                log_interval=args.log_interval, accumulate=args.accumulate)
+                log_interval=args.log_interval, accumulate=args.accumulate,
+                mixing=recipe.mixing, clipper=recipe.clipper, ema=recipe.ema)
     state = TrainState()
     if args.instrument:
         if args.accumulate > 1:

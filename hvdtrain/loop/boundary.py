@@ -75,6 +75,8 @@ class Boundary:
         Checked before any save: no checkpoint holds non-finite parameters.
     clock : callable
         Rank 0's clock for timed checkpoints.
+    ema : WeightAverage or None
+        ``--ema``'s average, saved with each checkpoint.
 
     Attributes
     ----------
@@ -86,12 +88,13 @@ class Boundary:
     """
 
     def __init__(self, net, trainer, dist: DistContext, checkpointer, every, signals=None,
-                 guard=None, clock: Callable[[], float] = time.monotonic):
+                 guard=None, clock: Callable[[], float] = time.monotonic, ema=None):
         self.net, self.trainer, self.dist = net, trainer, dist
         self.checkpointer = checkpointer
         self.kind, self.amount = interval_of(every)
         self.signals = signals
         self.guard = guard
+        self.ema = ema
         self._clock = clock
         self._last_save = clock()
         self.stopping = 0
@@ -135,15 +138,19 @@ class Boundary:
         """Every rank: a checkpoint of this position inside the epoch, written by rank 0 in
         the background. The running statistics it saves are averaged over the ranks, as an
         epoch's end averages them, without changing the ones each rank trains on: a run that
-        saves every N steps trains exactly as one that does not."""
+        saves every N steps trains exactly as one that does not. So are the running
+        statistics of ``--ema``'s average."""
         if self.guard is not None:
             self.guard.check(state.step, force=True)
-        averages = averaged_running_stats(self.net, self.dist)
+        statistics = self.ema.statistics() if self.ema is not None else []
+        averages, ema_statistics = averaged_running_stats(self.net, self.dist, statistics)
         if self.checkpointer is not None:
             self.checkpointer.gather(self.trainer)  # PowerSGD's errors: summed over ranks
             names = {id(param): name for name, param in params_by_place(self.net).items()}
+            files = None if self.ema is None else self.ema.files(ema_statistics)
             self.checkpointer.save(self.net, self.trainer, state,
-                                   {names[id(param)]: value for param, value in averages})
+                                   {names[id(param)]: value for param, value in averages},
+                                   files)
         self.saved()
 
     def saved(self) -> None:

@@ -20,6 +20,7 @@ from ..data.transforms import Augment
 from ..data.sampler import SplitSampler
 from .batches import accumulate_gradients
 from .schedule import effective_base_lr
+from .weight_decay import exempt_from_weight_decay
 
 logger = logging.getLogger("hvdtrain")
 
@@ -34,10 +35,11 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext,
     optimizer state stays on the worker. ``dist_async`` is the exception: there the servers
     run the optimizer and apply each worker's gradient as it arrives. `policy` (default:
     the configuration's) adds what float16 weights need. With ``cfg.accumulate`` > 1 the
-    gradients are made to accumulate (``grad_req='add'``) before the buckets are planned.
-    With ``--compression powersgd`` the buckets' large gradient matrices travel as
-    PowerSGD's factors (:mod:`hvdtrain.store.powersgd`), compressed once per optimizer
-    step whatever ``--accumulate``."""
+    gradients are made to accumulate (``grad_req='add'``) before the buckets are planned;
+    ``cfg.no_wd`` exempts biases and normalisation layers from weight decay. With
+    ``--compression powersgd`` the buckets' large gradient matrices travel as PowerSGD's
+    factors (:mod:`hvdtrain.store.powersgd`), compressed once per optimizer step whatever
+    ``--accumulate``."""
     policy = policy or precision.Precision.of(cfg)
     params = {"learning_rate": effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers),
               "wd": cfg.wd, **policy.optimizer_options()}
@@ -46,6 +48,8 @@ def build_trainer(net, cfg: TrainConfig, dist: DistContext,
     # dist_async can only update on the servers (MXNet refuses anything else).
     if cfg.accumulate > 1:
         accumulate_gradients(net)
+    if cfg.no_wd:
+        exempt_from_weight_decay(net)
     update_on_kvstore = None if dist.store is None else not dist.synchronous
     compression = None
     if cfg.compression == "powersgd":

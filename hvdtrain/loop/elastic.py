@@ -12,6 +12,7 @@ What one commit holds:
   object itself (update counts, the learning-rate scheduler), as
   ``Trainer.save_states`` would write them, but in memory;
 - AMP's dynamic loss scale (:mod:`hvdtrain.state.loss_scale`);
+- ``--ema``'s moving average of the model, when there is one (:mod:`hvdtrain.loop.ema`);
 - the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
   of the epoch already trained), plus any plain values passed as keywords.
 
@@ -83,13 +84,15 @@ class GluonState(ObjectState):
         :func:`hvdtrain.store.broadcast.broadcast_object` on Horovod.
     get_rank : callable, optional
         This worker's rank. Horovod's ``rank`` by default.
+    ema : WeightAverage, optional
+        A moving average of the model's arrays, committed and restored with them.
     **values
         Plain Python values committed and restored with the rest, as attributes.
     """
 
     def __init__(self, net, trainer, position: Optional[TrainState] = None,
                  bcast_object: Optional[Callable] = None, get_rank: Optional[Callable] = None,
-                 **values):
+                 ema=None, **values):
         if updates_on_store(trainer):
             raise ValueError("elastic state needs a trainer that updates on the workers "
                              "(update_on_kvstore=False): the store would hold the optimizer")
@@ -97,12 +100,13 @@ class GluonState(ObjectState):
             store, _ = store_of(trainer)
             raise ValueError("elastic state needs a Horovod store or none (horovod.mxnet's "
                              f"DistributedTrainer), not {getattr(store, 'type', store)!r}")
-        self.net, self.trainer = net, trainer
+        self.net, self.trainer, self.ema = net, trainer, ema
         self.position = dataclasses.replace(position) if position else TrainState()
         self._bcast = bcast_object or _horovod_bcast
         self._saved_arrays: Dict[str, np.ndarray] = {}
         self._saved_optimizer = b""  # bytes, or a uint8 array of them after a sync
         self._saved_loss_scale: dict = {}
+        self._saved_ema: Dict[str, np.ndarray] = {}
         self._saved_position = TrainState()
         self._save_model()
         # Horovod's State broadcasts a tuple (host updates), ObjectState a dict (the values):
@@ -125,7 +129,7 @@ class GluonState(ObjectState):
         # skips writes to arrays a failed collective left marked: drain first.
         drain_engine()
         self._load_model(self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
-                         self._saved_position)
+                         self._saved_position, self._saved_ema)
         super().restore()
 
     def sync(self):
@@ -144,13 +148,15 @@ class GluonState(ObjectState):
             # then sends it from where it lies and a receiver keeps it where it arrived, as
             # the net's arrays (as bytes it was copied once more on either side).
             sent = (self._saved_arrays, np.frombuffer(self._saved_optimizer, dtype=np.uint8),
-                    self._saved_loss_scale, dataclasses.asdict(self._saved_position))
+                    self._saved_loss_scale, dataclasses.asdict(self._saved_position),
+                    self._saved_ema)
         saved = self._bcast(sent, _BCAST_NAME.format("model"))
-        arrays, optimizer, loss_scale, position = saved
+        arrays, optimizer, loss_scale, position, ema = saved
         skip_first_step_broadcast(self.trainer)
         self._saved_arrays, self._saved_optimizer = arrays, optimizer
         self._saved_loss_scale, self._saved_position = loss_scale, TrainState(**position)
-        self._load_model(arrays, optimizer, loss_scale, self._saved_position)
+        self._saved_ema = ema
+        self._load_model(arrays, optimizer, loss_scale, self._saved_position, ema)
         super().sync()
 
     # --- the MXNet side ---------------------------------------------------------------------
@@ -163,8 +169,9 @@ class GluonState(ObjectState):
         self._saved_optimizer = optimizer_states(self.trainer)
         self._saved_loss_scale = loss_scale_state(self.trainer)
         self._saved_position = dataclasses.replace(self.position)
+        self._saved_ema = self.ema.state() if self.ema is not None else {}
 
-    def _load_model(self, arrays, optimizer, loss_scale, position):
+    def _load_model(self, arrays, optimizer, loss_scale, position, ema):
         params = params_by_place(self.net)
         missing = sorted(set(params.keys()) ^ set(arrays))
         if missing:
@@ -183,6 +190,8 @@ class GluonState(ObjectState):
         compression_state.reset(self.trainer, position.step)
         set_optimizer_states(self.trainer, optimizer)
         restore_loss_scale(self.trainer, loss_scale)
+        if self.ema is not None:
+            self.ema.set_state(ema)
         self.position = dataclasses.replace(position)
 
 

@@ -51,7 +51,8 @@ def params_digest(net) -> str:
 def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: TrainState,
                 run_dir, watchdog: Watchdog, policy: precision.Precision,
                 make_outputs: Callable[[DistContext], Outputs],
-                finish: Callable[[DistContext], None]) -> Tuple[DistContext, dict]:
+                finish: Callable[[DistContext], None],
+                ema=None) -> Tuple[DistContext, dict]:
     """Train as :func:`fit` does, surviving the loss and the arrival of workers.
 
     Parameters
@@ -67,13 +68,15 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         layout (rank 0 writes).
     finish : callable
         ``finish(dist)``: what every rank does after the last epoch (the final save).
+    ema : WeightAverage, optional
+        ``--ema``'s average, committed, restored and synced with the model.
 
     Returns
     -------
     (DistContext, dict)
         The layout training ended with, and ``fit``'s result.
     """
-    state = GluonState(net, trainer, position)
+    state = GluonState(net, trainer, position, ema=ema)
     sizes: List[int] = []  # the world size of each entry, in this process
 
     def commit(position_now: TrainState, point: str) -> None:
@@ -104,7 +107,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
                               epoch_samples=state.position.epoch_samples)
         with elastic_run.collective_errors():
             result = fit(net, trainer, data, devices, dist, cfg, outputs, state.position,
-                         watchdog, policy, commit)
+                         watchdog, policy, commit, ema=ema)
             finish(dist)
         return dist, result
 

@@ -21,6 +21,9 @@ from mxnet import autograd, gluon
 from . import precision
 from .boundary import Boundary
 from .batches import clear_gradients, split_batch, zero_gradients
+from .clipping import GradClipper
+from .ema import WeightAverage
+from .mixing import Mixing, mixed_batch
 from .counts import StepCounts, check_bad_samples
 from ..store.dist import DistContext
 from .evaluate import tally_batch
@@ -77,6 +80,10 @@ class Loop:
     commit: Optional[Callable[[TrainState, str], None]] = None
     # Save and stop decisions, voted with each step's counts (loop/boundary.py).
     boundary: Optional[Boundary] = None
+    # The training recipe (docs/training.md): --mixup/--cutmix, --clip-grad-norm, --ema.
+    mixing: Optional[Mixing] = None
+    clipper: Optional[GradClipper] = None
+    ema: Optional[WeightAverage] = None
 
 
 def training_loss(smoothing: float):
@@ -124,6 +131,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     boundary = loop.boundary
     counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
         boundary is not None or hasattr(loader, "skipped")))
+    mixing = loop.mixing if loop.mixing is not None and loop.mixing.active(state.epoch) else None
     start = time.perf_counter()
     for batch, (images, labels) in enumerate(loader, 1):
         if (batch - 1) % accumulate == 0:  # the first micro-batch of a step
@@ -144,8 +152,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         if last_of_step:  # summed over the workers while this batch computes
             counts.submit(step_used, step_skipped, boundary.vote() if boundary else ())
         if len(labels):
+            # Drawn from where the batch starts in the epoch's order: a resume repeats it.
+            draw = None if mixing is None else mixing.draw(
+                state.epoch, state.epoch_samples, dist.rank, *images.shape[2:])
             batch_loss = _forward_backward(loop, loss_fn, images, labels, device, correct,
-                                           loss_sum)
+                                           loss_sum, draw)
             loop.guard.observe(batch_loss, state.step + 1)
         else:
             # Every sample of this batch was unusable: this rank adds nothing, but its
@@ -168,7 +179,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             # The gradients summed over the step's micro-batches and the workers: the
             # update averages them over all the samples they came from, on every rank.
             if used:
-                loop.trainer.step(used)
+                _update(loop, used, state.step + 1)
         elif step_used:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
             # first step: a short last batch is scaled as a full one.
@@ -215,13 +226,33 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
                       steps=steps, skipped=skipped)
 
 
-def _forward_backward(loop: Loop, loss_fn, images, labels, device, correct, loss_sum):
-    """Forward and backward of one (micro-)batch over the worker's devices; adds its
-    correct count and loss sum to the epoch's (on `device`) and returns the loss sum."""
-    xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
+def _update(loop: Loop, samples: int, step: int) -> None:
+    """Optimizer step `step` over the gradients of `samples` samples (all workers'),
+    clipped with ``--clip-grad-norm``, then averaged into ``--ema``."""
+    if loop.clipper is not None:
+        loop.clipper.step(loop.trainer, samples)
+    else:
+        loop.trainer.step(samples)
+    if loop.ema is not None:
+        loop.ema.update(step)
+
+
+def _forward_backward(loop: Loop, loss_fn, images, labels, device, correct, loss_sum,
+                      draw=None):
+    """Forward and backward of one (micro-)batch over the worker's devices, mixed by
+    `draw` (``--mixup``/``--cutmix``) when given; adds its correct count (against the
+    dominant labels of a mixed batch) and loss sum to the epoch's (on `device`) and returns
+    the loss sum."""
+    if draw is None:
+        xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
+        targets = ys
+    else:
+        xs, targets, ys, idle = mixed_batch(loop.mixing, draw, images, labels, loop.devices,
+                                            loop.policy.input_dtype)
+        loss_fn = loop.mixing.loss
     with autograd.record():
         outs = [loop.net(x) for x in xs]
-        losses = [loss_fn(o, y) for o, y in zip(outs, ys)]
+        losses = [loss_fn(o, t) for o, t in zip(outs, targets)]
     loop.policy.backward(losses, loop.trainer)
     for idle_device in idle:  # an epoch's last batch had fewer samples than devices
         zero_gradients(loop.net, xs[0][:1], idle_device)

@@ -17,6 +17,7 @@ from .build import build_loaders
 from .counts import check_bad_samples
 from .boundary import Boundary
 from .epoch import Loop, train_epoch
+from .recipe import Recipe, log_suffix
 from .finetune import apply_phase
 from .outputs import (Outputs, checkpoint, count_skipped, figures, finish_writing,  # noqa: F401
                       write_epoch)
@@ -36,12 +37,13 @@ logger = logging.getLogger("hvdtrain")
 def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, stats,
                           result, epoch_length: int, dist: DistContext,
                           watchdog: Optional[Watchdog], batch_size: int,
-                          skipped: dict, reason: Optional[str] = None) -> dict:
+                          skipped: dict, recipe: dict,
+                          reason: Optional[str] = None) -> dict:
     """Record a stop inside an epoch (``--max-steps``, or the stop asked for `reason`, whose
     evaluation is skipped: `result` None) with what the part of the epoch that ran measured
     (steps, time, throughput), save its checkpoint and wait for it; return that record. The
     epoch is not counted as done; its checkpoint keeps the samples processed so that a
-    resume runs only the rest."""
+    resume runs only the rest. `recipe`: what the training recipe adds to the record."""
     tested = (f"test acc {result.accuracy:.4f}  top-5 {result.top5:.4f}" if result is not None
               else "not evaluated")
     logger.info("stopped at step %d, %d of %d samples into epoch %d  train loss %.4f  "
@@ -51,7 +53,7 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
                 stats.seconds)
     record = dict(epoch=state.epoch, step=state.step, epoch_samples=state.epoch_samples,
                   steps=stats.steps, **figures(stats, result, trainer, dist, batch_size),
-                  **skipped, **({"stopped_by": reason} if reason else {}))
+                  **recipe, **skipped, **({"stopped_by": reason} if reason else {}))
 
     def write():
         outputs.metrics.write("stop", **record)
@@ -75,7 +77,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         watchdog: Optional[Watchdog] = None,
         policy: Optional[precision.Precision] = None,
         commit: Optional[Callable[[TrainState, str], None]] = None,
-        signals: Optional[StopSignals] = None) -> dict:
+        signals: Optional[StopSignals] = None, ema=None) -> dict:
     """Train from `state` (default: the start) to ``cfg.epochs`` epochs, evaluating after
     each, writing `outputs`; return the final figures. Every completed step and evaluation
     batch beats `watchdog`, and rank 0 is busy for it while it writes a checkpoint; `policy`
@@ -84,7 +86,9 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     ``"epoch done"`` once an epoch is trained and evaluated, before its outputs are written,
     and ``"epoch written"`` after them. `signals` notes this rank's stop requests: when any
     rank has one, every rank stops at the same step boundary, the checkpoint is saved, and
-    :class:`~hvdtrain.loop.together.Preempted` is raised (loop/boundary.py)."""
+    :class:`~hvdtrain.loop.together.Preempted` is raised (loop/boundary.py). `ema` is the
+    job's :class:`~hvdtrain.loop.ema.WeightAverage` (``--ema``; made here from the model when
+    not given)."""
     state = state or TrainState()
     outputs = outputs or Outputs()
     metrics = outputs.metrics
@@ -104,14 +108,18 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,
                      cfg.lr_decay_factor, cfg.lr_schedule, cfg.epochs * steps_per_epoch)
 
+    recipe = Recipe.of(cfg, net, dist, data.num_classes, steps_per_epoch, ema)
+    recipe.attach(outputs.checkpointer)
     loop = Loop(net, trainer, devices, dist, lr_for_step,
                 FiniteGuard(dist, devices[0], cfg.finite_check_every), steps_per_epoch,
                 cfg.max_steps, cfg.log_interval, show_progress,
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
-                cfg.accumulate, cfg.max_bad_samples, data.num_train, commit)
+                cfg.accumulate, cfg.max_bad_samples, data.num_train, commit,
+                mixing=recipe.mixing, clipper=recipe.clipper, ema=recipe.ema)
     # Saves and stops voted at step boundaries; an elastic run commits in memory instead.
     boundary = None if commit is not None else Boundary(
-        net, trainer, dist, outputs.checkpointer, cfg.checkpoint_every, signals, loop.guard)
+        net, trainer, dist, outputs.checkpointer, cfg.checkpoint_every, signals, loop.guard,
+        ema=recipe.ema)
     loop.boundary = boundary
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
@@ -127,7 +135,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
         start_epoch=state.epoch, start_step=state.step,
         start_epoch_samples=state.epoch_samples), "the start")
     run_start = time.perf_counter()
-    result = None
+    result, trained = None, {}
     epochs, stopped = [], None
     try:
         while state.epoch < cfg.epochs:
@@ -139,7 +147,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             stats = train_epoch(loop, train_loader, state)
             # Training stops here until the next epoch: what is evaluated now, checkpointed
             # below and saved at the end is one model, the same on every rank and device.
-            average_running_stats(net, dist)
+            average_running_stats(net, dist, recipe.statistics())
             asked = bool(boundary is not None and boundary.stopping)
             last = state.epoch + 1 >= cfg.epochs or (
                 cfg.max_steps is not None and state.step >= cfg.max_steps)
@@ -147,12 +155,16 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 record = _stopped_inside_epoch(
                     net, trainer, state, outputs, stats, None, data.num_train, dist, watchdog,
                     cfg.batch_size, count_skipped(train_loader, test_loader, dist, epoch),
-                    boundary.why())
+                    recipe.train_figures(epoch), boundary.why())
                 raise boundary.preempted(state, record["checkpoint"], state.epoch_samples)
             # An epoch whose last step brought a stop request is saved unevaluated, unless
             # it ends the run.
-            result = None if asked and not last else _evaluate(
-                net, test_loader, devices, dist, loop, watchdog, epoch)
+            evaluated = not (asked and not last)
+            result = _evaluate(net, test_loader, devices, dist, loop, watchdog, epoch) \
+                if evaluated else None
+            trained = dict(recipe.train_figures(epoch), **(recipe.ema_figures(
+                lambda: _evaluate(net, test_loader, devices, dist, loop, watchdog, epoch))
+                if evaluated else {}))
             skipped = count_skipped(train_loader, test_loader, dist, epoch)
             if result is not None and (skipped["skipped_val_samples"] or not result.count):
                 check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
@@ -161,17 +173,18 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             if not stats.complete:
                 stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
                                                 data.num_train, dist, watchdog,
-                                                cfg.batch_size, skipped)
+                                                cfg.batch_size, skipped, trained)
                 break
             state.epoch += 1
             state.epoch_samples = 0
+            record = dict(epoch=epoch, step=state.step,
+                          **figures(stats, result, trainer, dist, cfg.batch_size), **trained,
+                          **skipped)
             logger.info("epoch %d/%d  train loss %.4f  train acc %.4f  %s  %.1f samples/s  "
-                        "%.2fs", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
+                        "%.2fs%s", epoch + 1, cfg.epochs, stats.loss, stats.accuracy,
                         "not evaluated (stopping)" if result is None else
                         f"test acc {result.accuracy:.4f}  top-5 {result.top5:.4f}",
-                        stats.samples_per_sec, stats.seconds)
-            record = dict(epoch=epoch, step=state.step,
-                          **figures(stats, result, trainer, dist, cfg.batch_size), **skipped)
+                        stats.samples_per_sec, stats.seconds, log_suffix(record))
             epochs.append(record)
             stopping = cfg.max_steps is not None and state.step >= cfg.max_steps
             # Asked to stop during the last step, the evaluation or just now: every rank
@@ -203,7 +216,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
 
     def write_end():
         metrics.write("end", test_acc=test_acc, test_top5=result.top5 if result else None,
-                      total_time=total_time, step=state.step)
+                      total_time=total_time, step=state.step,
+                      **({"ema_test_acc": trained.get("ema_test_acc")} if recipe.ema else {}))
         if outputs.tensorboard is not None:
             outputs.tensorboard.close()
 
@@ -212,7 +226,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                               outputs.written(), stopped):
         logger.info("%s", line)
     return {"test_acc": test_acc, "test_count": result.count if result else 0,
-            "total_time": total_time, "steps": state.step}
+            "total_time": total_time, "steps": state.step,
+            **({"ema_test_acc": trained.get("ema_test_acc")} if recipe.ema else {})}
 
 
 def _evaluate(net, test_loader, devices, dist: DistContext, loop: Loop,

@@ -62,7 +62,9 @@ class Precision:
         """Backward pass, through AMP's dynamic loss scaling when it is on."""
         if self.amp:
             from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
-            with amp.scale_loss(losses, trainer) as scaled:
+            # The scaling multiplies the losses: recorded, or backward finds them outside
+            # the graph ("Cannot differentiate node"), as MXNet's AMP examples record it.
+            with autograd.record(), amp.scale_loss(losses, trainer) as scaled:
                 autograd.backward(scaled)
         else:
             autograd.backward(losses)

@@ -10,7 +10,7 @@ to the statistics of the global batch.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -27,9 +27,13 @@ def untrained_params(net) -> List:
     return [params[name] for name in sorted(params.keys()) if params[name].grad_req == "null"]
 
 
-def average_running_stats(net, dist: DistContext) -> int:
+def average_running_stats(net, dist: DistContext,
+                          extra: Sequence[mx.nd.NDArray] = ()) -> int:
     """Average `net`'s untrained arrays over this worker's devices and over all ranks,
     and write the average into every copy. Every rank must call it at the same point.
+
+    `extra` are float32 arrays (one copy per rank) averaged over the ranks in the same
+    collective, in place: the moving averages of those arrays (``--ema``).
 
     Floating-point arrays are averaged; any other (integer) array takes rank 0's value.
     All arrays travel in one float32 buffer, summed by one uncompressed collective
@@ -41,25 +45,31 @@ def average_running_stats(net, dist: DistContext) -> int:
     int
         Number of arrays averaged (0 when there was nothing to do).
     """
-    averages = averaged_running_stats(net, dist)
+    averages, extra_averages = averaged_running_stats(net, dist, extra)
     for param, value in averages:
         for copy in param.list_data():
             value.copyto(copy)
+    for array, value in zip(extra, extra_averages):
+        if value is not array:
+            value.copyto(array)
     if averages:
         mx.nd.waitall()  # and no later untracked write may overtake these copies
     return len(averages)
 
 
-def averaged_running_stats(net, dist: DistContext) -> List[Tuple[object, mx.nd.NDArray]]:
+def averaged_running_stats(net, dist: DistContext, extra: Sequence[mx.nd.NDArray] = ()
+                           ) -> Tuple[List[Tuple[object, mx.nd.NDArray]], List[mx.nd.NDArray]]:
     """(parameter, its average over devices and ranks, on the CPU) for each untrained array
     of `net`, as :func:`average_running_stats` computes them, without writing them back: what
     a checkpoint taken in the middle of an epoch saves while training goes on with each
-    rank's own. Every rank must call it at the same point; empty when there is nothing to
-    average."""
+    rank's own; and the averages of the `extra` arrays over the ranks (the arrays
+    themselves when there is nothing to average). Every rank must call it at the same
+    point; the first list is empty when there is nothing to average."""
     params = untrained_params(net)
     across_ranks = dist.num_workers > 1 and dist.synchronous
+    extra = list(extra)
     if not params or (not across_ranks and len(params[0].list_ctx()) == 1):
-        return []
+        return [], extra
     # Under hybridize(static_alloc=True), MXNet 1.9.1's engine does not know that
     # BatchNorm's backward writes the running statistics: reading them waits for nothing,
     # and sees older values. Only waiting for everything makes them current.
@@ -75,6 +85,8 @@ def averaged_running_stats(net, dist: DistContext) -> List[Tuple[object, mx.nd.N
             local = local * float(dist.rank == 0)  # the sum is then rank 0's value
         averaged.append(is_float)
         parts.append(local.reshape(-1))
+    if across_ranks:
+        parts += [array.as_in_context(cpu).astype("float32").reshape(-1) for array in extra]
     flat = mx.nd.concat(*parts, dim=0)
     if across_ranks:
         flat = dist.sum_across_workers(COLLECTIVE_NAME, flat)
@@ -86,4 +98,11 @@ def averaged_running_stats(net, dist: DistContext) -> List[Tuple[object, mx.nd.N
         if across_ranks and is_float:
             value = value / dist.num_workers
         out.append((param, value.astype(param.dtype)))
-    return out
+    if not across_ranks:
+        return out, extra
+    extra_out = []
+    for array in extra:
+        value = flat[offset:offset + array.size].reshape(array.shape) / dist.num_workers
+        offset += array.size
+        extra_out.append(value.as_in_context(array.context))
+    return out, extra_out

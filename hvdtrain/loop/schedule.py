@@ -10,6 +10,11 @@ def effective_base_lr(lr: float, lr_scaling: str, num_workers: int) -> float:
     return lr * num_workers if lr_scaling == "linear" else lr
 
 
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Optimizer steps of the warm-up (the first `warmup_epochs` epochs' worth)."""
+    return int(round(warmup_epochs * steps_per_epoch))
+
+
 def lr_at(step: int, steps_per_epoch: int, base_lr: float, warmup_epochs: float = 0.0,
           decay_epochs=(), decay_factor: float = 0.1, schedule: str = "step",
           total_steps: int = 0) -> float:
@@ -21,13 +26,13 @@ def lr_at(step: int, steps_per_epoch: int, base_lr: float, warmup_epochs: float 
     fraction of the steps after the warm-up done (reaching 0 at `total_steps`), as
     GluonCV's ``LRScheduler`` does.
     """
-    warmup_steps = int(round(warmup_epochs * steps_per_epoch))
-    if step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
+    warmup = warmup_steps(warmup_epochs, steps_per_epoch)
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
     if schedule == "step":
         epoch = step // max(steps_per_epoch, 1)
         return base_lr * decay_factor ** bisect_right(list(decay_epochs), epoch)
-    done = min(1.0, (step - warmup_steps) / max(total_steps - warmup_steps, 1))
+    done = min(1.0, (step - warmup) / max(total_steps - warmup, 1))
     if schedule == "cosine":
         return base_lr * (1 + math.cos(math.pi * done)) / 2
     if schedule == "poly":

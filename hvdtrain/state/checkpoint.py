@@ -14,6 +14,8 @@ import os
 import shutil
 from typing import Callable, Dict, List, Optional
 
+import mxnet as mx
+
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
                                checkpoint_name, complete_checkpoints, missing_files, param_shapes)
 from . import compression_state
@@ -32,7 +34,8 @@ def save_params(net, path: str) -> str:
 
 
 def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
-                    with_states: bool = True, compression: Optional[Dict] = None) -> str:
+                    with_states: bool = True, compression: Optional[Dict] = None,
+                    files: Optional[Dict[str, Dict]] = None) -> str:
     """Write a checkpoint named after `meta`'s position and keep the newest `keep` ones.
 
     Parameters
@@ -44,7 +47,12 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         False when the optimizer runs on parameter servers (``dist_async``).
     compression : dict, optional
         PowerSGD's state, gathered on every rank (:func:`.compression_state.gather`).
+    files : dict of str to dict of str to NDArray, optional
+        More files of the checkpoint, each a set of named arrays in ``save_parameters``
+        format (the EMA's ``ema.params``); their names are listed in ``meta.json``
+        (``files``), so that a checkpoint missing one is incomplete.
     """
+    files = dict(files or {})
     folder = os.path.join(output_dir, CHECKPOINTS)
     os.makedirs(folder, exist_ok=True)
     clear_leftovers(folder)
@@ -54,8 +62,9 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     try:
         _write_folder(tmp, net, trainer, dict(meta, param_shapes=param_shapes(net),
                                               has_states=with_states,
-                                              has_compression_state=compression is not None),
-                      with_states, compression)
+                                              has_compression_state=compression is not None,
+                                              files=sorted(files)),
+                      with_states, compression, files)
     except Exception as err:  # a full disk shows up as OSError or MXNetError
         failure = write_failure(tmp, err)
         shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
@@ -75,13 +84,15 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
 
 
 def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
-                  compression: Optional[Dict]) -> None:
+                  compression: Optional[Dict], files: Dict[str, Dict]) -> None:
     """Write and fsync every file of a checkpoint into the new folder `tmp`."""
     os.makedirs(tmp)
     net.save_parameters(os.path.join(tmp, PARAMS))
     if with_states:
         trainer.save_states(os.path.join(tmp, STATES))
     compression_state.write(tmp, compression)
+    for name, arrays in files.items():
+        mx.nd.save(os.path.join(tmp, name), arrays)
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=1, sort_keys=True)
     for entry in os.listdir(tmp):
@@ -160,6 +171,9 @@ class Checkpointer:
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
         self.compression: Optional[Dict] = None  # what gather() collected for the next save
+        # More files of each checkpoint, e.g. the EMA's: name -> copy() returning the named
+        # arrays to save, copied to host memory (they are written in the background).
+        self.files: Dict[str, Callable[[], Dict]] = {}
         self._write: Optional[BackgroundWrite] = None
 
     def due(self, state, last: bool = False) -> bool:
@@ -181,11 +195,13 @@ class Checkpointer:
             return None
         return self.save(net, trainer, state)
 
-    def save(self, net, trainer, state, replace: Optional[Dict] = None) -> Optional[str]:
+    def save(self, net, trainer, state, replace: Optional[Dict] = None,
+             files: Optional[Dict[str, Dict]] = None) -> Optional[str]:
         """Save the checkpoint of `state`'s position (None when saving is off) and return
         its path; in the background with a `host_copy`, once the write before it is done
-        (whose failure this raises). `replace`: see `host_copy`. A trainer that compresses
-        needs :meth:`gather` first, on every rank."""
+        (whose failure this raises). `replace`: see `host_copy`; `files`: copies to save
+        instead of what :attr:`files` copies. A trainer that compresses needs :meth:`gather`
+        first, on every rank."""
         if self.output_dir is None:
             return None
         compression, self.compression = self.compression, None
@@ -193,18 +209,21 @@ class Checkpointer:
             raise RuntimeError("a checkpoint of a compressing trainer needs gather() first, "
                                "on every rank")
         self.wait()
+        files = files if files is not None else {
+            name: copy() for name, copy in self.files.items()}
         samples = getattr(state, "epoch_samples", 0)
         meta = dict(self.meta, epoch=state.epoch, step=state.step, epoch_samples=samples,
                     **self.extra(trainer))
         if self.host_copy is None:
             path = save_checkpoint(self.output_dir, net, trainer, meta, self.keep,
-                                   self.with_states, compression)
+                                   self.with_states, compression, files)
             logger.info("checkpoint saved: %s", path)
             return path
         copy = self.host_copy(net, trainer, self.with_states, replace)
         # save_checkpoint is looked up when the thread runs (a test shim may wrap it).
         self._write = BackgroundWrite(lambda: save_checkpoint(
-            self.output_dir, copy, copy, meta, self.keep, self.with_states, compression))
+            self.output_dir, copy, copy, meta, self.keep, self.with_states, compression,
+            files))
         return os.path.join(self.output_dir, CHECKPOINTS,
                             checkpoint_name(state.epoch, state.step, samples))
 

@@ -4,6 +4,7 @@ Layout under the output folder::
 
     checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
                           trainer.states   optimizer state (Trainer.save_states)
+                          ema.params       --ema's average, when on (meta's "files")
                           meta.json        written last: epoch, step, config, shapes, ...
                           powersgd.npz     with --compression powersgd: Q, errors' sum
     checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
@@ -76,10 +77,14 @@ def missing_files(path: str) -> bool:
         with open(os.path.join(path, META), encoding="utf-8") as src:
             meta = json.load(src)
         has_states, compressed = meta.get("has_states"), meta.get("has_compression_state")
-    except (OSError, ValueError, AttributeError):
+        files = list(meta.get("files", []))
+    except (OSError, ValueError, AttributeError, TypeError):
         return False  # damaged, not half-deleted: kept for the user to look at
-    return ((has_states is True and not os.path.isfile(os.path.join(path, STATES))) or
-            (compressed is True and not os.path.isfile(os.path.join(path, COMPRESSION))))
+    if (has_states is True and not os.path.isfile(os.path.join(path, STATES))) or \
+            (compressed is True and not os.path.isfile(os.path.join(path, COMPRESSION))):
+        return True
+    return not all(isinstance(name, str) and os.path.isfile(os.path.join(path, name))
+                   for name in files)
 
 
 def is_complete(path: str) -> bool:

@@ -56,6 +56,11 @@ class RunDir:
         self._found: Optional[str] = None
         self._position = [0, 0, 0]
 
+    @property
+    def resumed_from(self) -> Optional[str]:
+        """The checkpoint :meth:`restore` loaded (None for a fresh start)."""
+        return self._found
+
     @classmethod
     def decide(cls, cfg: TrainConfig) -> "RunDir":
         """Everything that can be refused from the folder alone, on each rank, no collective.

@@ -216,6 +216,15 @@ class BucketedTrainer(gluon.Trainer):
                     "%d gradient buckets planned again", len(self.buckets))
         return True
 
+    def gradient_buffers(self, device: int = 0) -> List[mx.nd.NDArray]:
+        """Arrays holding every gradient of the `device`-th context once: the buckets'
+        flat buffers (each gradient is a view of one), or without buckets each parameter's
+        own gradient. After :meth:`allreduce_grads`, the reduced gradients."""
+        if self.buckets:
+            return [flats[device] for flats in self._flat_grads]
+        return [param.list_grad()[device] for param in self._params
+                if param.grad_req != "null"]
+
     def _allreduce_grads(self):
         self.follow_gradients()
         if not self.buckets:

@@ -126,6 +126,13 @@ def set_up_store(trainer, batch_size: int) -> None:
     trainer._init_params()  # pylint: disable=protected-access
 
 
+def gradient_scale(trainer) -> float:
+    """What the next update multiplies the summed gradients by, besides ``1 / batch_size``:
+    1 normally; under AMP, 1 / the loss scale the backward pass was run with (``amp.scale_loss``
+    sets it as the Trainer's private ``_scale``, and ``update`` divides it by the batch size)."""
+    return float(trainer._scale)  # pylint: disable=protected-access
+
+
 def updates_on_store(trainer) -> bool:
     """Whether `trainer` runs its optimizer in its store (``update_on_kvstore``)."""
     return bool(getattr(trainer, "_update_on_kvstore", False))  # pylint: disable=protected-access

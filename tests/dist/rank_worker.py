@@ -2,7 +2,8 @@
 
 Usage: python rank_worker.py OUT_DIR [hvdtrain flags...]
 Writes OUT_DIR/rank<R>.json (layout and results) and OUT_DIR/rank<R>.npz (every array of
-the model, BatchNorm running statistics included, named as in model.params). With
+the model, BatchNorm running statistics included, named as in model.params, and with --ema
+every array of its moving average, named ``ema:<name>``). With
 HVDTRAIN_DUMP_START=1 it also writes OUT_DIR/rank<R>-start.npz: the arrays as training
 starts (after the first broadcast). With HVDTRAIN_DUMP_EPOCHS=1, OUT_DIR/rank<R>-epoch<E>.npz
 after each epoch E (from 0) and OUT_DIR/rank<R>-exchanged.json: per epoch, the bytes of each
@@ -72,7 +73,10 @@ def main():
         dump_epochs(out_dir)
     run = train(parse_config(argv))
     dist = run.dist
-    np.savez(os.path.join(out_dir, f"rank{dist.rank}.npz"), **model_arrays(run.net))
+    arrays = model_arrays(run.net)
+    if run.ema is not None:
+        arrays.update({f"ema:{name}": array for name, array in run.ema.state().items()})
+    np.savez(os.path.join(out_dir, f"rank{dist.rank}.npz"), **arrays)
     with open(os.path.join(out_dir, f"rank{dist.rank}.json"), "w") as out:
         json.dump({"rank": dist.rank, "local_rank": dist.local_rank,
                    "num_workers": dist.num_workers, "local_size": dist.local_size,

@@ -22,9 +22,10 @@ WORKER = os.path.join(REPO, "scripts", "bench_worker.py")
 @pytest.mark.parametrize("flags", [
     ["--impl", "plain", "--data", "synthetic", "--instrument"],
     ["--impl", "hvdtrain", "--data", "cifar", "--instrument"],
-    # Every ablation switch and the option at once: all of them must still train.
+    # Every ablation switch and the options at once: all of them must still train.
     ["--impl", "hvdtrain", "--data", "synthetic", "--grad-bucket-mb", "0", "--log-interval",
-     "1", "--data-workers", "0", "--no-hybridize", "--fp16-allreduce"],
+     "1", "--data-workers", "0", "--no-hybridize", "--fp16-allreduce", "--mixup", "0.2",
+     "--cutmix", "1.0", "--no-wd", "--ema", "0.99", "--clip-grad-norm", "1.0"],
 ], ids=["plain", "hvdtrain-cifar", "hvdtrain-ablations"])
 def test_bench_worker_reports_each_rank(flags, tmp_path):
     write_cifar_files(str(tmp_path / "cifar"), num_train=256, num_test=16)
@@ -277,3 +278,20 @@ def test_predict_row_times_hvdtrain_predict_and_imagerecorditer(tmp_path):
     rows = json.load(open(prefix + ".rank0.json"))["rows"]
     assert [r["row"] for r in rows] == ["predict mobilenet0.25 at 224, 1 thread(s)"]
     assert rows[0]["hvdtrain_predict_img_s"] > 0 and rows[0]["imagerecorditer_forward_img_s"] > 0
+
+
+def test_recipe_costs_are_paired_blocks_of_one_job(tmp_path):
+    """scripts/bench_recipe.py: every option's blocks ran, each compared with the reference
+    block of its round."""
+    prefix = str(tmp_path / "recipe")
+    proc = run_command(launcher("horovodrun") + [
+        sys.executable, os.path.join(REPO, "scripts", "bench_recipe.py"), "--out", prefix,
+        "--model", "simple_cnn", "--steps", "2", "--rounds", "2"], timeout=JOB_TIMEOUT,
+        env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    record = json.load(open(prefix + ".rank0.json"))
+    assert set(record["relative"]) == {"reference", "--mixup 0.2", "--cutmix 1.0", "--no-wd",
+                                       "--ema 0.9999", "--ema 0.9999 --ema-every 32",
+                                       "--clip-grad-norm 1.0"}
+    assert record["relative"]["reference"] == [1.0, 1.0]
+    assert all(len(v) == 2 and min(v) > 0 for v in record["img_per_sec"].values())

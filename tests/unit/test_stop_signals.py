@@ -110,7 +110,7 @@ class FakeCheckpointer:
     def gather(self, trainer, due=True):  # every rank, before a save (PowerSGD's state)
         pass
 
-    def save(self, net, trainer, state, replace=None):
+    def save(self, net, trainer, state, replace=None, files=None):
         self.saves.append(state.step)
         return f"ckpt-{state.step}"
 
