@@ -440,6 +440,11 @@ def check_recipe(cfg: TrainConfig) -> None:
     if cfg.ema_every != 1 and cfg.ema is None:
         raise ConfigError("--ema-every is how often --ema updates its average: add --ema, "
                           "or drop it")
+    if cfg.last_gamma and (cfg.pretrained or cfg.init_from):
+        # GluonCV zeroes them at initialisation only: trained gammas are the weights' own.
+        raise ConfigError("--last-gamma zeroes freshly initialised BatchNorm gammas; "
+                          f"{'--pretrained' if cfg.pretrained else '--init-from'} brings "
+                          "trained ones: drop one of them")
     if cfg.kvstore != "dist_async":
         return
     # Under dist_async the servers apply each worker's gradient as it arrives.

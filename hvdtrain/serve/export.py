@@ -70,14 +70,15 @@ def check_out(out: str, source_folder: str, force: bool) -> None:
                           f"folder, or --force to replace the export there")
 
 
-def export(source_path: str, out: str, force: bool = False, onnx: bool = True) -> List[str]:
+def export(source_path: str, out: str, force: bool = False, onnx: bool = True,
+           ema: bool = False) -> List[str]:
     """Export `source_path` (a run or checkpoint folder) into `out`; the files written.
 
     Raises ConfigError (one line) for what the user can fix, OutputError when a file cannot
     be written. An ONNX conversion that fails leaves the MXNet pair and the card written
     and raises :class:`OnnxFailed`.
     """
-    source = find_source(source_path)
+    source = find_source(source_path, ema)
     check_out(out, os.path.dirname(os.path.abspath(source.params)), force)
     net = rebuild(source.card, source.params)  # refuses weights that do not fit
     net.hybridize()
@@ -137,12 +138,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="replace an earlier export in OUT (OUT may hold files)")
     parser.add_argument("--no-onnx", dest="onnx", action="store_false",
                         help="write the MXNet pair and the card only")
+    parser.add_argument("--ema", action="store_true",
+                        help="export the run's --ema average (model-ema.params, or a "
+                        "checkpoint's ema.params) instead of its parameters")
     args = parser.parse_args(argv)
 
     def body() -> int:
         start = time.perf_counter()
         try:
-            written = export(args.source, args.out, args.force, args.onnx)
+            written = export(args.source, args.out, args.force, args.onnx, args.ema)
         except OnnxFailed as err:
             error_line(f"{PROG}: error: the ONNX conversion failed ({err}); {args.out} holds "
                        f"the MXNet pair and the card ({', '.join(err.written)}); "

@@ -4,7 +4,8 @@
 ``model.json``, written in that order at its end) or one checkpoint folder
 (``checkpoints/epoch-NNNN[-step-SSSSSSS]``: ``model.params`` and ``meta.json``, whose
 ``card`` is the same model card). Whatever else it is, is refused in one line that says what
-to give instead.
+to give instead. With ``ema``, the parameters are the run's ``--ema`` average
+(``model-ema.params`` beside a run's ``model.params``, ``ema.params`` in a checkpoint).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Dict
 
 from ..config import ConfigError
 from ..data.card import CARD_FILE, check_card, read_card
+from ..loop.ema import EMA_PARAMS, FINAL_EMA_PARAMS
 from ..state.checkpoint_files import (CHECKPOINTS, META, PARAMS, complete_checkpoints,
                                       read_meta)
 
@@ -31,8 +33,22 @@ class Source:
     describe: str
 
 
-def find_source(path: str) -> Source:
-    """The run or checkpoint at `path` (raises :class:`SourceError` or a CardError)."""
+def find_source(path: str, ema: bool = False) -> Source:
+    """The run or checkpoint at `path` (raises :class:`SourceError` or a CardError); with
+    `ema`, its ``--ema`` average instead of its parameters."""
+    source = _find_source(path)
+    if not ema:
+        return source
+    folder = os.path.dirname(source.params)
+    average = os.path.join(folder, EMA_PARAMS if source.describe.startswith("checkpoint")
+                           else FINAL_EMA_PARAMS)
+    if not os.path.isfile(average):
+        raise SourceError(f"{source.describe} holds no {os.path.basename(average)}: it was "
+                          f"trained without --ema; export it without --ema")
+    return Source(average, source.card, f"{source.describe} (its --ema average)")
+
+
+def _find_source(path: str) -> Source:
     if not os.path.isdir(path):
         problem = "does not exist" if not os.path.lexists(path) else "is not a folder"
         raise SourceError(f"{path} {problem}: give a run's output folder (--output-dir) or "

@@ -230,3 +230,37 @@ def test_a_refusal_is_the_whole_processs_one_line(two_epochs, tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout
     assert "never finished" in lines[0]
+
+
+def test_ema_exports_the_runs_average_and_a_run_without_one_is_refused(two_epochs, tmp_path,
+                                                                       capfd):
+    """``--ema``: the pair holds the run's ``model-ema.params`` (a checkpoint's
+    ``ema.params``), as a plain Gluon net loading that file computes it; not the model's own
+    parameters. A run trained without ``--ema`` is refused in one line."""
+    from conftest import QUICK
+    from helpers import tool
+    run = tmp_path / "ema-run"
+    proc = run_command([tool("hvdtrain"), *QUICK, "--model", "bn_cnn", "--epochs", "2",
+                        "--ema", "0.9", "--output-dir", str(run)], timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    card = json.load(open(run / "model.json"))
+    batch = np.random.RandomState(0).normal(size=(4,) + tuple(card["input"]["shape"]))
+    checkpoint = run / "checkpoints" / "epoch-0002"
+    for source, average in ((run, run / "model-ema.params"), (checkpoint,
+                                                              checkpoint / "ema.params")):
+        out = tmp_path / f"export-{source.name}"
+        code, lines = export(capfd, source, out, "--ema", "--no-onnx")
+        assert code == 0, lines
+        pair = mx.gluon.SymbolBlock.imports(str(out / "model-symbol.json"), ["data"],
+                                            str(out / "model-0000.params"), ctx=mx.cpu())
+        from_pair = pair(mx.nd.array(batch)).asnumpy()
+        logits = {}
+        for name, path in (("ema", average), ("own", run / "model.params")):
+            reference = build_model("bn_cnn", len(card["classes"]))
+            reference.load_parameters(str(path), ctx=mx.cpu())
+            logits[name] = reference(mx.nd.array(batch)).asnumpy()
+        assert_arrays_close(from_pair, logits["ema"], 1e-5, f"{source.name} --ema")
+        assert np.abs(logits["own"] - logits["ema"]).max() > 1e-3  # another model
+        assert "its --ema average" in json.load(open(out / "model.json"))["export"]["from"]
+    assert_refused(export(capfd, two_epochs, tmp_path / "none", "--ema", "--no-onnx"),
+                   "holds no model-ema.params: it was trained without --ema")

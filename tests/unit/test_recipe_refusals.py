@@ -27,9 +27,11 @@ ASYNC = ["--kvstore", "dist_async"]
      "--model simple_cnn has no model-zoo ResNet blocks"),
     (["--model", "mobilenet0.25", "--last-gamma"],
      "--model mobilenet0.25 has no model-zoo ResNet blocks"),
+    (["--model", "resnet18_v1", "--last-gamma", "--init-from", "model.params"],
+     "--last-gamma zeroes freshly initialised BatchNorm gammas; --init-from brings trained"),
 ], ids=["mixup", "cutmix", "ema-0", "ema-1", "ema-above", "ema-negative", "ema-nan", "clip-0",
         "clip-async", "ema-async", "no-wd-async", "off-epoch-alone", "off-epoch-0",
-        "ema-every-alone", "last-gamma-cnn", "last-gamma-mobilenet"])
+        "ema-every-alone", "last-gamma-cnn", "last-gamma-mobilenet", "last-gamma-init-from"])
 def test_bad_recipe_input_is_one_line_and_exit_2(flags, needle, capfd, tmp_path):
     out = tmp_path / "run"
     code, lines = main_in_process(BASE + flags + ["--output-dir", str(out)], capfd)
