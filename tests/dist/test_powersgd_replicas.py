@@ -4,6 +4,7 @@ instead of whole gradients, and a resume that continues PowerSGD's state (tests/
 rank_worker.py runs the ranks). The algorithm itself: test_powersgd_reference.py."""
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -25,8 +26,10 @@ def whole_gradient_bytes(params):
                    if not name.endswith(("running_mean", "running_var")))
 
 
-@pytest.mark.parametrize("extra", [[], ["--fp16-allreduce", "--accumulate", "2"]],
-                         ids=["plain", "fp16-accumulate"])
+@pytest.mark.parametrize("extra", [[], ["--fp16-allreduce", "--accumulate", "2"],
+                                   ["--clip-grad-norm", "0.5", "--ema", "0.9", "--mixup",
+                                    "0.2", "--no-wd"]],
+                         ids=["plain", "fp16-accumulate", "recipe"])
 def test_replicas_stay_identical_and_factors_travel(tmp_path, extra):
     results, params, log = run_ranks(HVD, tmp_path, FLAGS + ["--epochs", "2"] + extra,
                                      env={"HVDTRAIN_DUMP_EPOCHS": "1"})
@@ -34,9 +37,12 @@ def test_replicas_stay_identical_and_factors_travel(tmp_path, extra):
     # Bit-identical: every rank applies the same factors, BatchNorm's statistics averaged.
     assert_same_params(params[0], params[1])
     assert results[0]["test_acc"] == results[1]["test_acc"] > 0.5
+    if "--clip-grad-norm" in extra:  # the factors' product is what is clipped, alike
+        clipped = [int(n) for n in re.findall(r"\((\d+) steps clipped\)", log)]
+        assert clipped and sum(clipped) > 0, log[-3000:]
     # Epoch 2 is compressed throughout: each step sends (as float32 arrays; float16 on the
     # wire halves them) the factors and the few small gradients, not the whole gradient.
-    steps = 12 // (2 if extra else 1)
+    steps = 12 // (2 if "--accumulate" in extra else 1)
     sent = json.load(open(tmp_path / "rank0-exchanged.json"))["1"]
     whole = whole_gradient_bytes(params[0])
     assert sum(sent) / steps < whole / 10, (sum(sent) / steps, whole)
