@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
 from .options import (NON_NEGATIVE, POSITIVE, ConfigError, check_range, count_or_percent,
-                      epochs_steps_or_time, flag_name, int_list, option)
+                      default_of, epochs_steps_or_time, flag_name, int_list, option)
 from .options import flag_table as options_table
 
 HALF_NEEDS_GPU = ("--amp and --dtype float16 need a GPU: MXNet 1.9.1's CPU kernels have no "
@@ -188,12 +188,13 @@ class TrainConfig:
         "by the layer they belong to)", group="optimisation", kind="switch")
     ema: Optional[float] = option(
         None, "keep an exponential moving average of the model (weights and BatchNorm "
-        "statistics), ema = DECAY x ema + (1 - DECAY) x model after every optimizer step; "
-        "evaluated beside the model and saved as model-ema.params", group="optimisation",
+        "statistics), ema = DECAY**N x ema + (1 - DECAY**N) x model every --ema-every N "
+        "optimizer steps (the time constant of DECAY at every step); evaluated beside the "
+        "model and saved as model-ema.params", group="optimisation",
         range=(0, 1, True, True), metavar="DECAY")
     ema_every: int = option(
-        1, "update the --ema average every N optimizer steps only, with DECAY**N (its cost "
-        "shrinks N-fold; torchvision's reference takes 32)", group="optimisation",
+        32, "update the --ema average every N optimizer steps, with DECAY**N (torchvision's "
+        "reference default; 1: every step, at N times the cost)", group="optimisation",
         range=POSITIVE, metavar="N")
     clip_grad_norm: Optional[float] = option(
         None, "scale each step's averaged gradient down to this global L2 norm when it is "
@@ -437,7 +438,8 @@ def check_recipe(cfg: TrainConfig) -> None:
     if cfg.mix_off_epoch is not None and not (cfg.mixup or cfg.cutmix):
         raise ConfigError("--mix-off-epoch ends --mixup and --cutmix: give one of them, or "
                           "drop it")
-    if cfg.ema_every != 1 and cfg.ema is None:
+    ema_every = next(spec for spec in options() if spec.name == "ema_every")
+    if cfg.ema_every != default_of(ema_every) and cfg.ema is None:
         raise ConfigError("--ema-every is how often --ema updates its average: add --ema, "
                           "or drop it")
     if cfg.last_gamma and (cfg.pretrained or cfg.init_from):

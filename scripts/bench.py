@@ -59,9 +59,9 @@ OPTIONS = {
     "hvdtrain, --mixup 0.2": ("synthetic", {}, ["--mixup", "0.2"]),
     "hvdtrain, --cutmix 1.0": ("synthetic", {}, ["--cutmix", "1.0"]),
     "hvdtrain, --no-wd": ("synthetic", {}, ["--no-wd"]),
-    "hvdtrain, --ema 0.9999": ("synthetic", {}, ["--ema", "0.9999"]),
-    "hvdtrain, --ema 0.9999 --ema-every 32": ("synthetic", {}, ["--ema", "0.9999",
-                                                                "--ema-every", "32"]),
+    "hvdtrain, --ema 0.9999 --ema-every 1": ("synthetic", {}, ["--ema", "0.9999",
+                                                               "--ema-every", "1"]),
+    "hvdtrain, --ema 0.9999 (every 32 steps)": ("synthetic", {}, ["--ema", "0.9999"]),
     "hvdtrain, --clip-grad-norm 1.0": ("synthetic", {}, ["--clip-grad-norm", "1.0"]),
 }
 

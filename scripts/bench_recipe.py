@@ -35,15 +35,15 @@ from hvdtrain.loop.weight_decay import undecayed_params
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext, share_cpu_threads
 
-VARIANTS = ("reference", "--mixup 0.2", "--cutmix 1.0", "--no-wd", "--ema 0.9999",
-            "--ema 0.9999 --ema-every 32", "--clip-grad-norm 1.0")
+VARIANTS = ("reference", "--mixup 0.2", "--cutmix 1.0", "--no-wd",
+            "--ema 0.9999 --ema-every 1", "--ema 0.9999", "--clip-grad-norm 1.0")
 
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18_v1")
     p.add_argument("--batch-size", type=int, default=64)
-    # 32: every block of --ema-every 32 holds one update of the average.
+    # 32: every block of --ema 0.9999 (every 32 steps) holds one update of the average.
     p.add_argument("--steps", type=int, default=32, help="steps per block (default 32)")
     p.add_argument("--rounds", type=int, default=4, help="blocks per option (default 4)")
     p.add_argument("--out", required=True, help="write PREFIX.rank0.json")
@@ -70,7 +70,7 @@ def turn_on(loop, variant, net, dist, classes):
     elif variant.startswith("--cutmix"):
         loop.mixing = Mixing(0.0, 1.0, None, 0, classes)
     elif variant.startswith("--ema"):
-        loop.ema = WeightAverage(net, 0.9999, 32 if "every" in variant else 1)
+        loop.ema = WeightAverage(net, 0.9999, 1 if "every" in variant else 32)
     elif variant.startswith("--clip"):
         loop.clipper = GradClipper(1.0, net, dist)
 

@@ -72,7 +72,7 @@ def parse():
     p.add_argument("--cutmix", type=float, default=0.0)
     p.add_argument("--no-wd", action="store_true")
     p.add_argument("--ema", type=float, default=None)
-    p.add_argument("--ema-every", type=int, default=1)
+    p.add_argument("--ema-every", type=int, default=32)  # hvdtrain's own default
     p.add_argument("--clip-grad-norm", type=float, default=None)
     p.add_argument("--copied-buckets", action="store_true",
                    help="buckets as grouped allreduces of separate gradients, copied into "

@@ -93,8 +93,8 @@ def test_two_ranks_clip_as_a_plain_loop_on_the_global_batch(tmp_path, extra, glo
 EVERYTHING = DIGITS + ["--model", "resnet18_v1", "--batch-size", "128", "--lr", "0.1",
                        "--epochs", "3", "--mixup", "0.2", "--cutmix", "1.0",
                        "--mix-off-epoch", "2", "--label-smoothing", "0.1", "--no-wd",
-                       "--last-gamma", "--ema", "0.9", "--clip-grad-norm", "1.0",
-                       "--fp16-allreduce"]
+                       "--last-gamma", "--ema", "0.9", "--ema-every", "2",
+                       "--clip-grad-norm", "1.0", "--fp16-allreduce"]
 
 
 def saved(path):
