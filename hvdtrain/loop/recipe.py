@@ -6,6 +6,7 @@ act once, when the trainer and the model are built: :mod:`.weight_decay`,
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
@@ -13,6 +14,8 @@ from .clipping import GradClipper
 from .ema import EMA_PARAMS, WeightAverage
 from .mixing import MEASURES, Mixing
 from .schedule import warmup_steps
+
+logger = logging.getLogger("hvdtrain")
 
 
 @dataclass
@@ -33,6 +36,12 @@ class Recipe:
         ema = ema if ema is not None else WeightAverage.of(cfg, net)
         if ema is not None:
             ema.warmup_steps = warmup_steps(cfg.warmup_epochs, steps_per_epoch)
+            total = cfg.max_steps if cfg.max_steps is not None else cfg.epochs * steps_per_epoch
+            if total < ema.every:  # e.g. a short trial run at the default of 32
+                logger.warning("--ema: this run ends at optimizer step %d and the average "
+                               "updates every %d (--ema-every): it never moves from the "
+                               "starting model; give --ema-every %d or less",
+                               total, ema.every, max(total, 1))
         return cls(Mixing.of(cfg, classes), GradClipper.of(cfg, net, dist), ema)
 
     def statistics(self) -> List:

@@ -177,3 +177,16 @@ def test_the_elastic_state_commits_restores_and_syncs_the_average():
     joiner_state.sync()
     for name, value in joiner_ema.state().items():
         np.testing.assert_array_equal(value, committed[name], err_msg=name)
+
+
+def test_a_run_shorter_than_the_update_interval_warns_that_the_average_never_moves(capfd):
+    """Found by a new user's trial: 2 epochs of 23 steps at the default --ema-every 32 would
+    evaluate the starting model as the average, silently."""
+    run = job.train(TrainConfig(**RUN, epochs=1, ema=0.9))
+    err = capfd.readouterr().err
+    assert ("--ema: this run ends at optimizer step 23 and the average updates every 32 "
+            "(--ema-every): it never moves from the starting model; give --ema-every 23 or "
+            "less") in err, err
+    assert run.ema is not None
+    job.train(TrainConfig(**RUN, epochs=2, ema=0.9))  # 46 steps: one update, no warning
+    assert "never moves" not in capfd.readouterr().err
