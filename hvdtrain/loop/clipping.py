@@ -4,7 +4,8 @@ The norm is that of the gradient the update applies: summed over the devices and
 the store (zero-copy buckets, float16 on the wire or not), summed over ``--accumulate``'s
 micro-batches, divided by the step's global sample count and, under AMP, by the loss scale.
 So a step is split where Gluon documents it may be: ``trainer.allreduce_grads()``, the norm,
-then ``trainer.update(...)``.
+then ``trainer.update(...)`` (with the Trainer's ``rescale_grad`` set to the step's divisor
+before the exchange, as ``step`` sets it: PowerSGD's exchange reads it).
 
 Every rank must clip by the same factor, or the replicas drift apart. The reduced gradient is
 the same on every rank, but its norm is a float32 sum whose rounding may differ between
@@ -27,7 +28,7 @@ import mxnet as mx
 
 from ..store.buckets import BucketedTrainer
 from ..store.dist import DistContext
-from ..store.gluon_internals import gradient_scale
+from ..store.gluon_internals import gradient_scale, set_step_divisor
 
 EPS = 1e-6  # torchvision's, added to the norm before dividing
 CHUNK = 2 ** 20  # values per float32 dot product of the norm
@@ -61,6 +62,9 @@ class GradClipper:
     def step(self, trainer, samples: int) -> float:
         """Exchange, measure, clip and update: ``trainer.step(samples)`` with the gradient
         scaled down to ``max_norm`` when its norm is above. Returns the factor applied."""
+        # The exchange sees this step's divisor, as in step(samples): PowerSGD keeps its
+        # errors in those units, and the last update left its clipped scaling there.
+        set_step_divisor(trainer, samples)
         trainer.allreduce_grads()
         norm = self.norm(trainer, samples)
         factor = 1.0

@@ -133,6 +133,13 @@ def gradient_scale(trainer) -> float:
     return float(trainer._scale)  # pylint: disable=protected-access
 
 
+def set_step_divisor(trainer, samples: float) -> None:
+    """Set `trainer`'s ``rescale_grad`` for a step over `samples` samples, as ``step(samples)``
+    does before it exchanges; ``allreduce_grads()`` alone leaves the last update's there.
+    (PowerSGD's exchange reads it: the units its errors are kept in.)"""
+    trainer._check_and_rescale_grad(gradient_scale(trainer) / samples)  # pylint: disable=protected-access
+
+
 def updates_on_store(trainer) -> bool:
     """Whether `trainer` runs its optimizer in its store (``update_on_kvstore``)."""
     return bool(getattr(trainer, "_update_on_kvstore", False))  # pylint: disable=protected-access

@@ -1,6 +1,6 @@
 """One rank of PowerSGD fed known gradients, dumping what the reference test compares.
 
-Usage: python powersgd_ranks.py OUT_DIR START_STEP ERROR_FEEDBACK(0|1) [fp16]
+Usage: python powersgd_ranks.py OUT_DIR START_STEP ERROR_FEEDBACK(0|1) [fp16] [clip=MAX]
 (under horovodrun -np W).
 
 A BucketedTrainer with PowerSGD (rank RANK) over the parameters of PARAMS (zeros at the
@@ -9,7 +9,9 @@ overwritten with :func:`gradient` (this rank's, this step's) after a backward pa
 only marks them fresh, and ``trainer.step(COUNTS[t])``. After each step the rank writes
 OUT_DIR/rank<R>-step<t>.npz: every gradient as exchanged times ``rescale_grad`` (the update
 the optimizer applied), every parameter, and P, Q and this rank's error of each compressed
-parameter.
+parameter. With ``clip=MAX`` each step goes through ``--clip-grad-norm MAX``'s clipper
+instead of ``trainer.step``, and the update dumped is the one applied: the exchanged
+gradient times the clipper's factor.
 """
 import os
 import sys
@@ -19,7 +21,9 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvdtrain  # noqa: F401  registers 'horovod'
+from hvdtrain.loop.clipping import GradClipper
 from hvdtrain.store.buckets import BucketedTrainer
+from hvdtrain.store.dist import DistContext
 from hvdtrain.store.gluon_internals import set_up_store
 from hvdtrain.store.kvstore import create_store
 from hvdtrain.store.powersgd import PowerSGD
@@ -48,6 +52,7 @@ def gradient(rank, step, index, shape):
 def main():
     out_dir, start = sys.argv[1], int(sys.argv[2])
     error_feedback, fp16 = sys.argv[3] == "1", "fp16" in sys.argv[4:]
+    clip = [float(a[len("clip="):]) for a in sys.argv[4:] if a.startswith("clip=")]
     store = create_store("horovod", compression="fp16" if fp16 else "none", fuse_calls=False)
     params = []
     for name, shape in PARAMS.items():
@@ -59,14 +64,24 @@ def main():
                               kvstore=store, update_on_kvstore=False, bucket_mb=0.002,
                               compression=compression)
     set_up_store(trainer, COUNTS[0])
+    clipper = None
+    if clip:
+        model = gluon.ParameterDict()
+        for param in params:
+            model._params[param.name] = param  # pylint: disable=protected-access
+        clipper = GradClipper(clip[0], _Net(model), DistContext.from_store(store))
     for step, count in enumerate(COUNTS):
         with autograd.record():  # marks every gradient as written by backward
             total = sum((p.data() * 0).sum() for p in params)
         total.backward()
         for index, param in enumerate(params):
             param.grad()[:] = gradient(store.rank, step, index, param.shape)
-        trainer.step(count)
-        scale = 1.0 / count
+        factor = 1.0
+        if clipper is None:
+            trainer.step(count)
+        else:
+            factor = clipper.step(trainer, count)
+        scale = factor / count
         dump = {f"update.{p.name}": p.grad().asnumpy() * scale for p in params}
         dump.update({f"param.{p.name}": p.data().asnumpy() for p in params})
         for index, param in enumerate(params):
@@ -77,6 +92,14 @@ def main():
         np.savez(os.path.join(out_dir, f"rank{store.rank}-step{step}.npz"), **dump)
     with open(os.path.join(out_dir, f"rank{store.rank}.buckets"), "w") as out:
         out.write(str(len(trainer.buckets)))
+
+
+class _Net:  # what GradClipper asks of a model
+    def __init__(self, params):
+        self._params = params
+
+    def collect_params(self):
+        return self._params
 
 
 if __name__ == "__main__":

@@ -77,7 +77,11 @@ def ps_launcher(ranks):
 
 
 # (data, ranks, extra flags): the folder and the pack, 2 and 3 ranks, accumulation, buckets
-# of one gradient each and the default buckets, float16 on the wire, the parameter server.
+# of one gradient each and the default buckets, float16 on the wire, the parameter server;
+# the training recipe (an EMA updated every step, mixup and cutmix over batches of different
+# sizes, no-wd, and clipping at a norm that some steps exceed and some do not: clipping
+# every step would hide a wrong divisor, the factor cancelling it), alone and with PowerSGD.
+RECIPE = ["--ema", "0.9", "--ema-every", "1", "--no-wd", "--clip-grad-norm"]
 CASES = {
     "folder-2-default-buckets": ("folder", 2, []),
     "folder-3-accumulate": ("folder", 3, ["--accumulate", "2"]),
@@ -85,6 +89,11 @@ CASES = {
     "pack-2-accumulate-unbucketed": ("pack", 2, ["--accumulate", "2", "--grad-bucket-mb", "0"]),
     "pack-3-default-buckets": ("pack", 3, ["--model", "bn_cnn"]),
     "folder-2-dist-sync": ("folder", 2, ["--kvstore", "dist_sync"]),
+    "folder-2-recipe": ("folder", 2, ["--model", "bn_cnn", "--mixup", "0.2", "--cutmix", "1.0"]
+                        + RECIPE + ["0.5"]),
+    "pack-2-powersgd-recipe": ("pack", 2, ["--compression", "powersgd",
+                                           "--powersgd-start-step", "0", "--lr", "0.02"]
+                               + RECIPE + ["100"]),
 }
 
 
@@ -109,6 +118,11 @@ def test_bad_samples_on_one_shard_leave_every_rank_identical(case, bad_sets, tmp
     assert [e["skipped_train_samples"] for e in epochs] == [bad, bad], epochs
     assert all(e["train_samples"] >= 40 - (bad if data == "pack" else 0) for e in epochs)
     assert all(e["test_samples"] == 8 for e in epochs)
+    if "--clip-grad-norm" in extra:  # the options acted, and their arrays were compared too
+        assert 0 < sum(e["clipped_steps"] for e in epochs) < 2 * 5, epochs  # 5+ steps/epoch
+        assert any(name.startswith("ema:") for name in params[0])
+    if "--compression" in extra:
+        assert "PowerSGD rank" in log, log[-3000:]
     assert "Traceback" not in log
 
 

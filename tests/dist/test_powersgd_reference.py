@@ -31,12 +31,13 @@ def first_q(name):
     return np.random.RandomState([ranks.SEED, index]).standard_normal((cols, ranks.RANK))
 
 
-def run(tmp_path, workers, start, error_feedback, fp16=False):
+def run(tmp_path, workers, start, error_feedback, fp16=False, clip=None):
     out = tmp_path / f"w{workers}"
     out.mkdir()
     proc = run_command(launcher("horovodrun", workers) +
                        [sys.executable, SCRIPT, str(out), str(start),
-                        "1" if error_feedback else "0"] + (["fp16"] if fp16 else []),
+                        "1" if error_feedback else "0"] + (["fp16"] if fp16 else []) +
+                       ([f"clip={clip!r}"] if clip is not None else []),
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return [[dict(np.load(out / f"rank{r}-step{t}.npz")) for t in range(len(ranks.COUNTS))]
@@ -86,3 +87,36 @@ def test_powersgd_matches_the_papers_algorithm(tmp_path, workers, start, error_f
     plain = np.mean([ranks.gradient(w, 2, 0, ranks.PARAMS["dense0_weight"])
                      for w in range(workers)], axis=0) * workers / ranks.COUNTS[2]
     assert not np.allclose(seen[0][2]["update.dense0_weight"], plain, atol=1e-3)
+
+
+def test_clipping_scales_the_update_and_leaves_powersgd_alone(tmp_path):
+    """--clip-grad-norm with PowerSGD: the paper's algorithm runs as without clipping (its
+    P, Q and errors do not depend on what the update does with its output, as with DDP's
+    hook and torch's clip_grad_norm_ after it), and the update is the decompressed average
+    times min(1, MAX / (its norm + 1e-6)). MAX is the reference's median norm, so some
+    steps are clipped and some not. (Before the fix PowerSGD took the step's units from
+    the update before, which held the last clip factor: after the first clipped step P, Q
+    and the errors drifted from the paper's, and a run's norms grew without bound.)"""
+    workers, start = 2, 1
+    steps = list(reference_steps(workers, start, True))
+    norms = [np.sqrt(sum(float(np.sum(u ** 2)) for u in update.values()))
+             for _, update, _ in steps]
+    max_norm = float(np.median(norms))
+    seen = run(tmp_path, workers, start, True, clip=max_norm)
+    params = {name: np.zeros(shape) for name, shape in ranks.PARAMS.items()}
+    factors = [min(1.0, max_norm / (norm + 1e-6)) for norm in norms]
+    assert 0 < sum(f < 1 for f in factors) < len(factors), factors
+    for step, (compressed, update, ref) in enumerate(reference_steps(workers, start, True)):
+        for name in ranks.PARAMS:
+            params[name] -= factors[step] * update[name]
+            for rank in range(workers):
+                dump, where = seen[rank][step], f"step {step}, rank {rank}, {name}"
+                assert_arrays_close(dump[f"update.{name}"], factors[step] * update[name],
+                                    1e-5, where)
+                assert_arrays_close(dump[f"param.{name}"], params[name], 1e-5, where)
+        for name in COMPRESSED if compressed else ():
+            for rank in range(workers):
+                dump, where = seen[rank][step], f"step {step}, rank {rank}, {name}"
+                assert_arrays_close(dump[f"q.{name}"], ref.q[name], 1e-5, where + " Q")
+                expected = ref.errors[rank][name].reshape(ranks.PARAMS[name]) / workers
+                assert_arrays_close(dump[f"error.{name}"], expected, 1e-5, where + " error")
