@@ -108,9 +108,11 @@ def build_checkpointer(cfg: TrainConfig, dist: DistContext, worker_batch: int) -
 def build_outputs(cfg: TrainConfig, dist: DistContext, worker_batch: int) -> Outputs:
     """Metrics file, checkpoints and TensorBoard scalars, all written by rank 0 alone."""
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
+    finals = (CARD_FILE,) + ((FINAL_EMA_PARAMS,) if cfg.ema is not None else ()) \
+        + ("model.params",)
     return Outputs(MetricsWriter(metrics_path, dist.is_root),
                    build_checkpointer(cfg, dist, worker_batch),
-                   TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir)
+                   TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir, finals)
 
 
 def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:

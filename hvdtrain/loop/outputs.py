@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import mxnet as mx
 
@@ -31,6 +31,8 @@ class Outputs:
     checkpointer: Optional[Checkpointer] = None
     tensorboard: Optional[TensorBoardWriter] = None
     output_dir: Optional[str] = None
+    # What the job saves in output_dir after fit(), for the summary to name.
+    final_files: Tuple[str, ...] = ("model.params",)
 
     def written(self) -> List[str]:
         """What this rank writes, for the closing summary: each part only if it is on."""
@@ -39,8 +41,8 @@ class Outputs:
             paths.append(self.metrics.path)
         if self.checkpointer is not None and self.checkpointer.output_dir:
             paths.append(os.path.join(self.checkpointer.output_dir, CHECKPOINTS) + "/")
-        if self.output_dir:  # the job saves model.params there after fit()
-            paths.append(os.path.join(self.output_dir, "model.params"))
+        if self.output_dir:
+            paths += [os.path.join(self.output_dir, name) for name in self.final_files]
         if self.tensorboard is not None and self.tensorboard.writer is not None:
             paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
         return paths

@@ -75,6 +75,13 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
                                       f"{top5}"))
     else:
         rows.append(("test accuracy", f"final {last['test_acc']:.4f}{top5}"))
+    if last.get("ema_test_acc") is not None:  # --ema: its average, evaluated beside
+        text = f"final {last['ema_test_acc']:.4f}"
+        averaged = [e for e in epochs if e.get("ema_test_acc") is not None]
+        if averaged:
+            best = max(averaged, key=lambda e: e["ema_test_acc"])
+            text += f", best {best['ema_test_acc']:.4f} (epoch {best['epoch'] + 1})"
+        rows.append(("EMA test accuracy", text))
     # Weighted by time: a short partial epoch counts for what it ran, not as much as a whole one.
     timed = epochs + ([stopped] if stopped else [])
     seconds = sum(e["epoch_time"] for e in timed)

@@ -90,8 +90,11 @@ def evaluate_file(path):
     return float((scores.argmax(axis=1) == data.test_y).mean())
 
 
-def test_the_average_is_evaluated_beside_the_model_and_saved(tmp_path):
+def test_the_average_is_evaluated_beside_the_model_and_saved(tmp_path, capfd):
     run = job.train(TrainConfig(**RUN, epochs=2, ema=0.9, output_dir=str(tmp_path)))
+    # The run's summary gives both figures and names the average's file.
+    summary = capfd.readouterr().err.split("run summary")[-1]
+    assert "EMA test accuracy" in summary and str(tmp_path / "model-ema.params") in summary
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["event"] == "epoch"]
     assert all({"test_acc", "ema_test_acc", "ema_test_top5", "ema_test_loss"} <= set(r)

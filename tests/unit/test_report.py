@@ -196,6 +196,14 @@ def test_run_summary():
     assert "163.6 samples/s" in text and "2 x 1 device(s), horovod" in text
     assert "12.3 s" in text and "outputs        runs/x/metrics.jsonl" in text
     assert "none (no --output-dir)" in "\n".join(summary_lines(epochs, 1, 1, 1, "horovod", []))
+    assert "EMA" not in text
+    for record, ema in zip(epochs, (0.91, 0.96, 0.94)):
+        record["ema_test_acc"] = ema
+    text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", []))
+    assert "EMA test accuracy  final 0.9400, best 0.9600 (epoch 2)" in text
+    stopped = dict(epochs[-1], epoch=3, steps=4, ema_test_acc=0.97)
+    text = "\n".join(summary_lines(epochs, 12.34, 2, 1, "horovod", [], stopped))
+    assert "EMA test accuracy  final 0.9700, best 0.9600 (epoch 2)" in text
 
 
 def test_summary_names_only_what_is_written(tmp_path):
