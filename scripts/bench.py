@@ -184,11 +184,13 @@ def main():
     for row in results.counts:
         print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
-    print("\nthe training recipe's options, paired blocks of one 2-rank job "
-          "(scripts/bench_recipe.py), medians relative to hvdtrain's own blocks:")
-    for option, ratio in results.recipe["median_relative"].items():
-        print(f"  {option}: throughput {ratio:.3f}, CPU time per sample "
-              f"{results.recipe['median_cpu_relative'][option]:.3f}")
+    for recipe in results.recipe:
+        print(f"\nthe training recipe's options at {recipe['image_size']}x{recipe['image_size']}, "
+              "paired blocks of one 2-rank job (scripts/bench_recipe.py), medians relative to "
+              "hvdtrain's own blocks:")
+        for option, ratio in recipe["median_relative"].items():
+            print(f"  {option}: throughput {ratio:.3f}, CPU time per sample "
+                  f"{recipe['median_cpu_relative'][option]:.3f}")
     print("\ninput pipeline, memory and predict (scripts/bench_images.py, bench_input_bound.py, "
           "bench_predict.py):")
     for row in results.images:
@@ -232,10 +234,16 @@ def measure_all(args, tmp, runs, results):
     results.counts = [r for r in counts if r["rank"] == 0][0]["rows"]
     # The training recipe's options, paired blocks of one job: the OPTIONS rows above, each
     # its own run, are too noisy for the few percent an option costs on a shared machine.
-    quick = ["--steps", "4", "--rounds", "1"] if args.quick else []
-    recipe = runs.collect([runs.start(horovodrun(2) + [
-        sys.executable, os.path.join(HERE, "bench_recipe.py"), "--model", args.model] + quick)])
-    results.recipe = recipe[0]
+    # At 32x32 (as the rows above) a step computes so little that an option's fixed cost per
+    # weight (the EMA's pass, clipping's norm) is at its largest; 64x64 computes 4x more.
+    results.recipe = []
+    for image_size, steps, rounds in ((32, 32, 4), (64, 8, 4)):
+        quick = ["--steps", "4", "--rounds", "1"] if args.quick else [
+            "--steps", str(steps), "--rounds", str(rounds)]
+        recipe = runs.collect([runs.start(horovodrun(2) + [
+            sys.executable, os.path.join(HERE, "bench_recipe.py"), "--model", args.model,
+            "--image-size", str(image_size)] + quick)])
+        results.recipe.append(recipe[0])
     # Input pipeline (decode + ImageNet transforms at 224) against ImageRecordIter, and
     # peak RSS for a pack 10x larger than another (targets in docs/data.md).
     images = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_images.py"),

@@ -25,7 +25,7 @@ import mxnet as mx
 
 import hvdtrain
 from hvdtrain import TrainConfig
-from hvdtrain.data.datasets import make_synthetic
+from hvdtrain.data.datasets import SYNTHETIC_SIZE, make_synthetic
 from hvdtrain.loop.clipping import GradClipper
 from hvdtrain.loop.ema import WeightAverage
 from hvdtrain.loop.epoch import Loop, train_epoch
@@ -43,13 +43,17 @@ def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18_v1")
     p.add_argument("--batch-size", type=int, default=64)
+    # 32 as make bench's other rows: the worst case for options whose cost is per weight
+    # (the EMA, clipping's norm), which do not grow with the image as the step does.
+    p.add_argument("--image-size", type=int, default=SYNTHETIC_SIZE,
+                   help=f"side of the synthetic images (default {SYNTHETIC_SIZE})")
     # 32: every block of --ema 0.9999 (every 32 steps) holds one update of the average.
     p.add_argument("--steps", type=int, default=32, help="steps per block (default 32)")
     p.add_argument("--rounds", type=int, default=4, help="blocks per option (default 4)")
     p.add_argument("--out", required=True, help="write PREFIX.rank0.json")
     args = p.parse_args()
-    if min(args.batch_size, args.steps, args.rounds) < 1:
-        p.error("--batch-size, --steps and --rounds must be at least 1")
+    if min(args.batch_size, args.image_size, args.steps, args.rounds) < 1:
+        p.error("--batch-size, --image-size, --steps and --rounds must be at least 1")
     return args
 
 
@@ -83,7 +87,7 @@ def main():
     cfg = TrainConfig(dataset="synthetic", model=args.model, batch_size=args.batch_size,
                       seed=0)
     data = make_synthetic(num_train=dist.num_workers * args.batch_size * (args.steps + 2),
-                          num_test=16)
+                          num_test=16, image_size=args.image_size)
     net = hvdtrain.build_model(args.model, data.num_classes)
     devices = [mx.cpu()]
     hvdtrain.initialize(net, devices, data.image_shape, cfg.seed, dist.rank)
@@ -117,7 +121,8 @@ def main():
                     for variant in VARIANTS}
     if dist.rank == 0:
         with open(f"{args.out}.rank0.json", "w") as out:
-            json.dump({"model": args.model, "batch_size": args.batch_size, "ranks":
+            json.dump({"model": args.model, "batch_size": args.batch_size,
+                       "image_size": args.image_size, "ranks":
                        dist.num_workers, "steps": args.steps, "img_per_sec": rates,
                        "relative": relative,
                        "median_relative": {v: statistics.median(r) for v, r in relative.items()},

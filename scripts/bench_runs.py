@@ -167,7 +167,7 @@ class Results:
         self.allreduce = None
         self.images = []  # the input-pipeline rows (scripts/bench_images.py)
         self.counts = []  # the count exchange's cost (scripts/bench_step_counts.py)
-        self.recipe = None  # the training recipe's options, paired (scripts/bench_recipe.py)
+        self.recipe = []  # the training recipe's options, paired, per image size (bench_recipe.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
 

@@ -169,7 +169,11 @@ def plain_loop(args, data):
     ctx = mx.cpu()
     net = gluon.model_zoo.vision.get_model(args.model, classes=10)
     net.initialize(mx.init.Xavier(), ctx=ctx)
-    net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx))
+    # In training mode, as hvdtrain.initialize: after an inference pass MKL-DNN may have
+    # reordered a convolution's weights into its own layout, which Horovod's allreduce
+    # cannot read ("We can't generate TBlob for MKLDNN data", seen in make bench --quick).
+    with autograd.train_mode():
+        net(mx.nd.zeros((1, 3, 32, 32), ctx=ctx))
     params = net.collect_params()
     # Users write hvd.broadcast_parameters(params, root_rank=0) here. Its broadcast can
     # crash a rank now and then (hvdtrain/store/broadcast.py); a sum-allreduce sets the

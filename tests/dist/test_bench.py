@@ -286,7 +286,8 @@ def test_recipe_costs_are_paired_blocks_of_one_job(tmp_path):
     prefix = str(tmp_path / "recipe")
     proc = run_command(launcher("horovodrun") + [
         sys.executable, os.path.join(REPO, "scripts", "bench_recipe.py"), "--out", prefix,
-        "--model", "simple_cnn", "--steps", "2", "--rounds", "2"], timeout=JOB_TIMEOUT,
+        "--model", "simple_cnn", "--steps", "2", "--rounds", "2", "--image-size", "16"],
+        timeout=JOB_TIMEOUT,
         env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:]
     record = json.load(open(prefix + ".rank0.json"))
@@ -294,4 +295,5 @@ def test_recipe_costs_are_paired_blocks_of_one_job(tmp_path):
                                        "--ema 0.9999 --ema-every 1", "--ema 0.9999",
                                        "--clip-grad-norm 1.0"}
     assert record["relative"]["reference"] == [1.0, 1.0]
+    assert record["image_size"] == 16
     assert all(len(v) == 2 and min(v) > 0 for v in record["img_per_sec"].values())
