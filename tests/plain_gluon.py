@@ -44,6 +44,20 @@ def arrays(net):
             for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
 
 
+def recorded_initialisation(monkeypatch):
+    """{name: numpy array} that fills with the arrays hvdtrain's job starts its net from,
+    when ``hvdtrain.job.initialize`` runs (an input of a reference, not what is tested)."""
+    from hvdtrain import job  # what is recorded, not how the reference trains
+    initial = {}
+    real = job.initialize
+
+    def initialize(net, *args, **kwargs):
+        real(net, *args, **kwargs)
+        initial.update(arrays(net))
+    monkeypatch.setattr(job, "initialize", initialize)
+    return initial
+
+
 def plain_net(model, classes, initial, sample_shape):
     """A fresh, imperative (not hybridized) `model` holding the arrays `initial`."""
     from hvdtrain.models import build_model  # the architecture only

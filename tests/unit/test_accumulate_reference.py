@@ -19,6 +19,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from helpers import assert_arrays_close
+from plain_gluon import arrays, recorded_initialisation
 
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
@@ -34,23 +35,11 @@ RUN = dict(model="mlp", dataset="digits", no_cuda=True, lr=LR, momentum=MOMENTUM
            accumulate=N, epochs=EPOCHS)
 
 
-def params(net):
-    return {name: p.data().asnumpy()
-            for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
-
-
 def hvdtrain_run(monkeypatch, kvstore):
     """hvdtrain's trained mlp and the parameters it started from."""
-    initial = {}
-    real_initialize = job.initialize
-
-    def recording_initialize(net, *args, **kwargs):
-        real_initialize(net, *args, **kwargs)
-        initial.update(params(net))
-
-    monkeypatch.setattr(job, "initialize", recording_initialize)
+    initial = recorded_initialisation(monkeypatch)
     run = job.train(TrainConfig(kvstore=kvstore, **RUN), devices=ONE)
-    return params(run.net), initial, run.result["steps"]
+    return arrays(run.net), initial, run.result["steps"]
 
 
 def reference_run(initial, accumulate=True):
@@ -84,7 +73,7 @@ def reference_run(initial, accumulate=True):
             for p in net.collect_params().values():
                 p.zero_grad()
             steps += 1
-    return params(net), steps
+    return arrays(net), steps
 
 
 @pytest.mark.parametrize("kvstore", ["device", "none"])

@@ -16,6 +16,7 @@ from mxnet import autograd, gluon
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 from helpers import assert_arrays_close
+from plain_gluon import arrays, recorded_initialisation
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
 from hvdtrain.data.load import load_dataset
@@ -33,23 +34,6 @@ SEED, LR, MAX_NORM, BATCH = 7, 0.2, 1.0, 64
 RUN = dict(model="mlp", dataset="digits", no_cuda=True, lr=LR, momentum=0.9, wd=1e-4,
            seed=SEED, log_interval=0, progress=False, batch_size=BATCH,
            clip_grad_norm=MAX_NORM)
-
-
-def arrays(net):
-    return {n: p.data().asnumpy()
-            for n, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
-
-
-def recorded_initialisation(monkeypatch):
-    """The arrays hvdtrain's net starts from (an input of the reference, not under test)."""
-    initial = {}
-    real = job.initialize
-
-    def initialize(net, *args, **kwargs):
-        real(net, *args, **kwargs)
-        initial.update(arrays(net))
-    monkeypatch.setattr(job, "initialize", initialize)
-    return initial
 
 
 def plain_clipped(initial, epochs, accumulate=1, max_steps=None):
