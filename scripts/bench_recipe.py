@@ -32,6 +32,7 @@ from hvdtrain.loop.epoch import Loop, train_epoch
 from hvdtrain.loop.guard import FiniteGuard
 from hvdtrain.loop.mixing import Mixing
 from hvdtrain.loop.weight_decay import undecayed_params
+from hvdtrain.models import ModelError, check_model_name
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext, share_cpu_threads
 
@@ -40,9 +41,12 @@ VARIANTS = ("reference", "--mixup 0.2", "--cutmix 1.0", "--no-wd",
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet18_v1")
-    p.add_argument("--batch-size", type=int, default=64)
+    # The first paragraph: what it measures and how to launch it.
+    what, launch = (part.strip() for part in __doc__.split("\n\n")[:2])
+    p = argparse.ArgumentParser(description=f"{what} Run it as: {launch}")
+    p.add_argument("--model", default="resnet18_v1", help="model (default resnet18_v1)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="batch per rank (default 64)")
     # 32 as make bench's other rows: the worst case for options whose cost is per weight
     # (the EMA, clipping's norm), which do not grow with the image as the step does.
     p.add_argument("--image-size", type=int, default=SYNTHETIC_SIZE,
@@ -52,8 +56,13 @@ def parse():
     p.add_argument("--rounds", type=int, default=4, help="blocks per option (default 4)")
     p.add_argument("--out", required=True, help="write PREFIX.rank0.json")
     args = p.parse_args()
-    if min(args.batch_size, args.image_size, args.steps, args.rounds) < 1:
-        p.error("--batch-size, --image-size, --steps and --rounds must be at least 1")
+    for flag in ("batch_size", "image_size", "steps", "rounds"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    try:
+        check_model_name(args.model)
+    except ModelError as err:
+        p.error(f"--model: {err}")
     return args
 
 

@@ -103,6 +103,11 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                        "each epoch is one step over %d micro-batches", cfg.accumulate,
                        len(train_loader), len(train_loader))
     base_lr = effective_base_lr(cfg.lr, cfg.lr_scaling, dist.num_workers)
+    if cfg.warmup_epochs and cfg.warmup_epochs >= cfg.epochs:  # e.g. a recipe line's 5 of 5
+        logger.warning("--warmup-epochs %g covers the whole run of %d epochs (--epochs): the "
+                       "learning rate only climbs to its peak and never follows --lr-schedule "
+                       "%s; give --epochs more than the warm-up", cfg.warmup_epochs,
+                       cfg.epochs, cfg.lr_schedule)
 
     def lr_for_step(step):
         return lr_at(step, steps_per_epoch, base_lr, cfg.warmup_epochs, cfg.lr_decay_epochs,

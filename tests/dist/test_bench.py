@@ -122,6 +122,19 @@ def test_bench_parse_refuses_bad_input(flags, message, monkeypatch, capfd):
     assert last.startswith(f"bench.py: error: {message}"), last
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--image-size", "0"], "--image-size must be at least 1, got 0"),
+    (["--rounds", "-2"], "--rounds must be at least 1, got -2"),
+    (["--model", "bogus"], "--model: unknown model 'bogus'; choose one of: ")],
+    ids=["image-size", "rounds", "model"])
+def test_bench_recipe_refuses_bad_input_naming_the_flag(flags, message, monkeypatch, capfd):
+    """Found by a new user's trial: one generic line for four flags, and a traceback for an
+    unknown model."""
+    last = _refused_by_parse(_script("bench_recipe"), os.path.join(REPO, "scripts",
+                             "bench_recipe.py"), ["--out", "x"] + flags, monkeypatch, capfd)
+    assert last.startswith(f"bench_recipe.py: error: {message}"), last
+
+
 # What main() refuses after taking the machine's lock (an unwritable --json), as the real
 # process. The cases steps, steps-huge, rounds and model, refused by parse(), are
 # test_bench_parse_refuses_bad_input's.

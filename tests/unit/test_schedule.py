@@ -34,3 +34,19 @@ def test_cosine_and_poly_follow_gluoncv_after_the_warmup():
         for step in range(warm, total + 1):
             assert lrs[step] == pytest.approx(2.0 * shape((step - warm) / (total - warm)))
         assert lrs[total] == pytest.approx(0.0)
+
+
+def test_a_warm_up_as_long_as_the_run_warns_that_the_schedule_never_starts(capfd):
+    """Found by a new user's trial: README's recipe line without --epochs (5, the default)
+    and --warmup-epochs 5 ended at the peak rate, silently."""
+    from hvdtrain import job
+    from hvdtrain.config import TrainConfig
+    run = dict(model="mlp", dataset="digits", no_cuda=True, kvstore="none", log_interval=0,
+               progress=False, lr_schedule="cosine")
+    job.train(TrainConfig(**run, epochs=1, warmup_epochs=1))
+    err = capfd.readouterr().err
+    assert ("--warmup-epochs 1 covers the whole run of 1 epochs (--epochs): the learning rate "
+            "only climbs to its peak and never follows --lr-schedule cosine; give --epochs "
+            "more than the warm-up") in err, err
+    job.train(TrainConfig(**run, epochs=2, warmup_epochs=1))
+    assert "covers the whole run" not in capfd.readouterr().err
