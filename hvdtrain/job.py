@@ -161,8 +161,8 @@ def _save_final(net, output_dir: str, dist: DistContext, watchdog: Watchdog,
         with watchdog.busy("saving the final parameters"):
             atomic_write(os.path.join(output_dir, CARD_FILE), lambda p: write_card(p, card))
             if ema is not None:
-                logger.info("the moving average of the parameters (--ema) saved to %s", atomic_write(
-                    os.path.join(output_dir, FINAL_EMA_PARAMS), ema.save))
+                logger.info("the moving average of the parameters (--ema) saved to %s",
+                            atomic_write(os.path.join(output_dir, FINAL_EMA_PARAMS), ema.save))
             logger.info("parameters saved to %s",
                         save_params(net, os.path.join(output_dir, "model.params")))
 

@@ -13,9 +13,10 @@ where ``unshare -n``/``tc`` are unavailable): the plain loop, hvdtrain, --fp16-a
 --accumulate 4 and both, and PowerSGD at ranks 2 and 4 (and with --accumulate 4). Then an
 allreduce microbenchmark, the cost of exchanging each step's sample count
 (scripts/bench_step_counts.py), the training recipe's options in paired blocks of one job
-at 32x32 and at 64x64 (scripts/bench_recipe.py), the input-pipeline and memory rows of scripts/bench_images.py, and
-resnet50_v1 on 2 ranks from RecordIO against synthetic input (scripts/bench_input_bound.py),
-and hvdtrain-predict against ImageRecordIter plus a forward pass (scripts/bench_predict.py).
+at 32x32 and at 64x64 (scripts/bench_recipe.py), the input-pipeline and memory rows of
+scripts/bench_images.py, and resnet50_v1 on 2 ranks from RecordIO against synthetic input
+(scripts/bench_input_bound.py), and hvdtrain-predict against ImageRecordIter plus a forward
+pass (scripts/bench_predict.py).
 Prints one table and writes it as JSON (--json, default runs/bench.json).
 Every process runs with one OpenMP thread, as in the figures the issue quotes.
 """
