@@ -27,12 +27,34 @@ def elastic_job(environ=os.environ) -> Optional[str]:
     return f"{addr}:{port}" if addr and port else None
 
 
+def launch_of(environ=os.environ) -> Optional[str]:
+    """What names this process's launch, the same on each of its ranks and different for
+    another launch: the Gloo rendezvous (``horovodrun --gloo``, elastic), Open MPI's
+    ``mpirun`` (its URI), or the parameter server's scheduler; None for a lone process.
+
+    Every rank probes the folder before rank 0 takes the lock, with no collective between:
+    a rank that starts late (a loaded host, a far one) finds the lock already held by its
+    own launch's rank 0, and must not take that for another run (seen in ``make test``)."""
+    addr = environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if addr and port:
+        return f"gloo {addr}:{port}"
+    if environ.get("OMPI_MCA_orte_hnp_uri"):
+        return f"mpirun {environ['OMPI_MCA_orte_hnp_uri']}"
+    addr, port = environ.get("DMLC_PS_ROOT_URI"), environ.get("DMLC_PS_ROOT_PORT")
+    if addr and port:
+        return f"scheduler {addr}:{port}"
+    return None
+
+
 class OutputLock:
     """Rank 0's exclusive claim on an output folder (``flock``, non-blocking)."""
 
-    def __init__(self, output_dir: str, job: Optional[str] = None):
+    def __init__(self, output_dir: str, job: Optional[str] = None,
+                 launch: Optional[str] = None):
         self.output_dir = output_dir
         self.job = job  # elastic_job(): workers of one elastic job share the folder
+        self.launch = launch  # launch_of(): so do the ranks of one launch
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._file = None
 
@@ -46,7 +68,8 @@ class OutputLock:
             return False
         handle.seek(0)
         handle.truncate()
-        job = f" (elastic job {self.job})" if self.job else ""
+        job = f" (elastic job {self.job})" if self.job else \
+            f" (launch {self.launch})" if self.launch else ""
         handle.write(f"pid {os.getpid()} on {socket.gethostname()}{job}\n")
         handle.flush()
         self._file = handle
@@ -66,6 +89,8 @@ class OutputLock:
                 holder = self.holder()
                 if self.job and holder.endswith(f"(elastic job {self.job})"):
                     return None  # this elastic job's own rank 0
+                if self.launch and holder.endswith(f"(launch {self.launch})"):
+                    return None  # this launch's own rank 0, which got here first
                 return holder
             fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
         return None

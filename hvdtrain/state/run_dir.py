@@ -27,7 +27,7 @@ import mxnet as mx
 from .checkpoint import clear_leftovers
 from .checkpoint_files import CHECKPOINTS, CheckpointError, missing_files, named_checkpoints
 from ..config import ConfigError, TrainConfig
-from .lock import OutputLock, elastic_job
+from .lock import OutputLock, elastic_job, launch_of
 from .resume import check_compatible, resumed_state
 from .resume_from import Candidate, resolve_resume, restore
 from .train_state import TrainState
@@ -69,7 +69,7 @@ class RunDir:
         half-pruned under that run, and any advice about them would be refused as well.
         """
         if cfg.output_dir:
-            holder = OutputLock(cfg.output_dir, elastic_job()).held_by_another()
+            holder = OutputLock(cfg.output_dir, elastic_job(), launch_of()).held_by_another()
             if holder:
                 raise ConfigError(f"--output-dir {cfg.output_dir} is in use by another run "
                                   f"({holder}): wait for it to end, or give another "
@@ -141,7 +141,7 @@ class RunDir:
             self.release()  # the new rank 0 waits for it (_acquire)
         if self.output_dir and dist.is_root and self._lock is None:
             check_writable_dir(self.output_dir, "--output-dir")
-            lock = OutputLock(self.output_dir, elastic_job() if elastic else None)
+            lock = OutputLock(self.output_dir, elastic_job() if elastic else None, launch_of())
             busy = 0 if _acquire(lock) else 1
             if not busy:
                 self._lock = lock

@@ -10,7 +10,7 @@ import pytest
 
 from hvdtrain.cli import main, parse_config
 from hvdtrain.config import ConfigError
-from hvdtrain.state.lock import OutputLock, elastic_job
+from hvdtrain.state.lock import OutputLock, elastic_job, launch_of
 from hvdtrain.state.run_dir import RunDir
 
 QUICK = ["--dataset", "digits", "--no-cuda", "--log-interval", "0"]
@@ -160,3 +160,37 @@ def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
         end = (epoch + 1, (epoch + 1) * per_epoch, 0)
         expected += [end + ("epoch done",), ("metrics", "epoch"), end + ("epoch written",)]
     assert calls == expected + [("metrics", "end")]
+
+
+def test_a_launch_is_named_alike_on_its_ranks_and_apart_from_another():
+    mpirun = {"OMPI_MCA_orte_hnp_uri": "83492864.0;tcp://192.0.2.2:53797"}
+    assert launch_of(mpirun) == "mpirun 83492864.0;tcp://192.0.2.2:53797"
+    assert launch_of(ELASTIC_ENV) == "gloo 10.0.0.1:4242"
+    assert launch_of({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091"}) == \
+        "scheduler 127.0.0.1:9091"
+    assert launch_of({}) is None
+
+
+def test_a_late_rank_is_not_refused_the_folder_its_own_rank_0_already_locked(tmp_path,
+                                                                            monkeypatch):
+    """Found in make test: the ranks decide on the folder with no collective, so a rank that
+    starts late (a loaded host) found it locked by its own launch's rank 0 and refused to
+    run: "--output-dir ... is in use by another run (pid N on HOST)". Another launch is
+    still refused."""
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.options import ConfigError
+    from hvdtrain.state.run_dir import RunDir
+    for name in ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+                 "HOROVOD_ELASTIC", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "83492864.0;tcp://192.0.2.2:53797")
+    cfg = TrainConfig(dataset="digits", output_dir=str(tmp_path))
+    holder = OutputLock(str(tmp_path), launch=launch_of())  # rank 0, as claim() takes it
+    assert holder.acquire()
+    try:
+        RunDir.decide(cfg)  # rank 1 of the same launch, late
+        monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "90000000.0;tcp://192.0.2.2:40000")
+        with pytest.raises(ConfigError, match="is in use by another run"):
+            RunDir.decide(cfg)  # a rank of another launch
+    finally:
+        holder.release()
