@@ -188,12 +188,10 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     watchdog = Watchdog(cfg.stall_timeout)
     with ExitStack() as until_the_end:  # each guard entered here lasts until the run ends
         # From here a stop signal is noted, start-up included, and acted on at the first
-        # step boundary after it (an elastic run keeps the signals' usual effect).
-        signals = None if cfg.elastic else until_the_end.enter_context(
-            StopSignals(describe=watchdog.who))
+        # step boundary after it, in every run (an elastic one too: docs/elastic.md).
+        signals = until_the_end.enter_context(StopSignals(describe=watchdog.who))
         until_the_end.enter_context(LauncherWatch(
-            launcher_chain(), describe=watchdog.who,
-            on_gone=None if signals is None else signals.request))
+            launcher_chain(), describe=watchdog.who, on_gone=signals.request))
         check_model_name(cfg.model_name)  # what the command names, before the folder
         check_dataset(cfg.dataset, cfg.data_dir)
         if cfg.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
@@ -251,7 +249,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
             dist, result = fit_elastic(
                 net, trainer, data, devices, dist.store, cfg, state, run_dir, watchdog,
                 policy, lambda now: _outputs(cfg, now, worker_batch, data, card),
-                lambda now: _finish(cfg, net, now, watchdog, card, ema), ema)
+                lambda now: _finish(cfg, net, now, watchdog, card, ema), ema, signals)
             return Run(net, trainer, dist, result, ema)
         until_the_end.enter_context(run_dir.claim(dist))
         broadcast_parameters(trainer, worker_batch * dist.num_workers if dist.synchronous

@@ -36,7 +36,7 @@ from ..state.writes import OutputError
 from ..store.dist import DistContext
 from ..store.gluon_internals import host_arrays, optimizer_states_later, params_by_place
 from .replicas import averaged_running_stats
-from .together import Preempted, leave_together, stopped_by_failed_write
+from .together import Preempted, leave_together, stopped_by_failed_write, write_together
 
 logger = logging.getLogger("hvdtrain")
 
@@ -77,6 +77,9 @@ class Boundary:
         Rank 0's clock for timed checkpoints.
     ema : WeightAverage or None
         ``--ema``'s average, saved with each checkpoint.
+    before_save : callable or None
+        ``before_save(state)`` on every rank before a checkpoint inside an epoch (an
+        elastic run's commit to memory: its saves are written before training goes on).
 
     Attributes
     ----------
@@ -88,8 +91,10 @@ class Boundary:
     """
 
     def __init__(self, net, trainer, dist: DistContext, checkpointer, every, signals=None,
-                 guard=None, clock: Callable[[], float] = time.monotonic, ema=None):
+                 guard=None, clock: Callable[[], float] = time.monotonic, ema=None,
+                 before_save: Optional[Callable] = None):
         self.net, self.trainer, self.dist = net, trainer, dist
+        self.before_save = before_save
         self.checkpointer = checkpointer
         self.kind, self.amount = interval_of(every)
         self.signals = signals
@@ -118,8 +123,8 @@ class Boundary:
         saver = self.checkpointer if self.dist.is_root else None
         due = self.kind == "seconds" and self.dist.is_root and \
             self._clock() - self._last_save >= self.amount
-        return (int(self.reason is not None), int(due),
-                int(saver is not None and saver.failed), int(saver is not None and saver.writing))
+        failed, busy = saver.write_status() if saver is not None else (False, False)
+        return int(self.reason is not None), int(due), int(failed), int(busy)
 
     def after_step(self, votes: Sequence[int], state, last_of_epoch: bool) -> None:
         """Act on the step's summed `votes` (every rank alike), `state` past the step."""
@@ -142,15 +147,20 @@ class Boundary:
         statistics of ``--ema``'s average."""
         if self.guard is not None:
             self.guard.check(state.step, force=True)
+        if self.before_save is not None:
+            self.before_save(state)
         statistics = self.ema.statistics() if self.ema is not None else []
         averages, ema_statistics = averaged_running_stats(self.net, self.dist, statistics)
         if self.checkpointer is not None:
             self.checkpointer.gather(self.trainer)  # PowerSGD's errors: summed over ranks
             names = {id(param): name for name, param in params_by_place(self.net).items()}
             files = None if self.ema is None else self.ema.files(ema_statistics)
-            self.checkpointer.save(self.net, self.trainer, state,
-                                   {names[id(param)]: value for param, value in averages},
-                                   files)
+            # Rank 0's save can still fail (the write before it, waited for; a synchronous
+            # write under --elastic): every rank learns of it here and all stop together.
+            write_together(self.dist, lambda: self.checkpointer.save(
+                self.net, self.trainer, state,
+                {names[id(param)]: value for param, value in averages}, files),
+                f"step {state.step}")
         self.saved()
 
     def saved(self) -> None:
@@ -177,10 +187,13 @@ class Boundary:
         if self.dist.is_root:
             where = (f"{samples_in_epoch} samples into epoch {state.epoch + 1}"
                      if samples_in_epoch else f"after epoch {state.epoch}")
-            saved = (f"checkpoint saved: {path}" if path else
-                     "nothing saved (no --output-dir)")
-            line = (f"hvdtrain: stopped at step {state.step}, {where} ({self.why()}); {saved}; "
-                    f"exit {Preempted.status}: run it again with --resume auto to continue")
+            if path:
+                outcome = (f"checkpoint saved: {path}; exit {Preempted.status}: run it again "
+                           f"with --resume auto to continue")
+            else:  # --resume auto needs --output-dir: there is nothing to continue from
+                outcome = (f"nothing saved (no --output-dir); exit {Preempted.status}: a run "
+                           f"again starts over; give --output-dir to make a stop resumable")
+            line = f"hvdtrain: stopped at step {state.step}, {where} ({self.why()}); {outcome}"
         return Preempted(line, lambda: leave_together(self.dist))
 
     def _write_failed(self, step: int):

@@ -52,7 +52,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
                 run_dir, watchdog: Watchdog, policy: precision.Precision,
                 make_outputs: Callable[[DistContext], Outputs],
                 finish: Callable[[DistContext], None],
-                ema=None) -> Tuple[DistContext, dict]:
+                ema=None, signals=None) -> Tuple[DistContext, dict]:
     """Train as :func:`fit` does, surviving the loss and the arrival of workers.
 
     Parameters
@@ -70,6 +70,9 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         ``finish(dist)``: what every rank does after the last epoch (the final save).
     ema : WeightAverage, optional
         ``--ema``'s average, committed, restored and synced with the model.
+    signals : StopSignals, optional
+        This rank's note of a stop request: as in any run, every rank stops at the same
+        step, the checkpoint is saved and :class:`~hvdtrain.loop.together.Preempted` raised.
 
     Returns
     -------
@@ -82,10 +85,11 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
     def commit(position_now: TrainState, point: str) -> None:
         # Every rank reaches the same step, so every rank commits at the same point: a
         # commit broadcasts the driver's host updates (Horovod's State.commit).
-        if point == "epoch done":
-            # Saved before the epoch's outputs, without the host check (a host update now
-            # would skip them): ranks that wait for rank 0's checkpoint longer than the Gloo
-            # timeout roll back to here, not into the epoch, which would write it again.
+        if point in ("epoch done", "before save"):
+            # Saved before the epoch's outputs (or a checkpoint inside the epoch: a step or
+            # time interval, a stop), without the host check (a host update now would skip
+            # them): ranks that wait for rank 0's checkpoint longer than the Gloo timeout
+            # roll back to here, not to before it, which would write it again.
             state.save()
         elif point == "epoch written" or position_now.step % cfg.commit_interval == 0:
             state.commit()
@@ -107,7 +111,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
                               epoch_samples=state.position.epoch_samples)
         with elastic_run.collective_errors():
             result = fit(net, trainer, data, devices, dist, cfg, outputs, state.position,
-                         watchdog, policy, commit, ema=ema)
+                         watchdog, policy, commit, signals=signals, ema=ema)
             finish(dist)
         return dist, result
 

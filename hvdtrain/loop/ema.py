@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import mxnet as mx
 import numpy as np
 
-from ..store.gluon_internals import params_by_place
+from ..store.gluon_internals import is_statistic, params_by_place
 
 logger = logging.getLogger("hvdtrain")
 
@@ -132,13 +132,13 @@ class WeightAverage:
         return mx.nd.zeros_like(mx.nd.add_n(*firsts) if len(firsts) > 1 else firsts[0])
 
     def _statistic_names(self) -> List[str]:
-        return [n for n in self.names if self.params[n].grad_req == "null"
+        return [n for n in self.names if is_statistic(self.params[n])
                 and np.issubdtype(np.dtype(self.params[n].dtype), np.floating)]
 
     def statistics(self) -> List[mx.nd.NDArray]:
-        """The averages of the arrays no gradient reaches (floating point), in a fixed
-        order, the same on every rank: each rank's differ, and are averaged over the ranks
-        with the model's own."""
+        """The averages of the running statistics (floating point; not of frozen weights,
+        which are the same everywhere), in a fixed order, the same on every rank: each
+        rank's differ, and are averaged over the ranks with the model's own."""
         return [self.arrays[n] for n in self._statistic_names()]
 
     def files(self, statistics: Optional[Sequence[mx.nd.NDArray]] = None

@@ -30,7 +30,9 @@ from .evaluate import tally_batch
 from .guard import FiniteGuard
 from ..report.progress import progress_bar
 from ..runtime.watchdog import Watchdog
+from ..state import compression_state
 from ..state.train_state import TrainState
+from ..store.gluon_internals import set_loss_scale
 
 logger = logging.getLogger("hvdtrain")
 
@@ -49,6 +51,8 @@ class EpochStats:
     steps: int = 0  # optimizer steps this rank ran in it (this run's part of the epoch)
 
     skipped: int = 0  # samples left out as unusable, over all ranks (this run's part)
+    # ... and over the whole epoch, the part before a stop and resume inside it included
+    epoch_skipped: int = 0
 
     @property
     def samples_per_sec(self) -> float:
@@ -175,11 +179,14 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             continue  # more micro-batches add to this step's gradients
         used, left_out, votes = counts.result()
         skipped += left_out
+        state.epoch_skipped += left_out  # the epoch's, across a stop and resume inside it
         if dist.synchronous:
             # The gradients summed over the step's micro-batches and the workers: the
             # update averages them over all the samples they came from, on every rank.
             if used:
                 _update(loop, used, state.step + 1)
+            else:  # no sample anywhere: no update, but the run's step count goes on
+                compression_state.step_skipped(loop.trainer)
         elif step_used:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
             # first step: a short last batch is scaled as a full one.
@@ -191,8 +198,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         state.step += 1
         loop.guard.check(state.step)
         if left_out:  # the same global figures on every rank: all stop together
-            check_bad_samples("training", skipped, loop.train_size, loop.max_bad_samples,
-                              loader.skipped, state.epoch)
+            check_bad_samples("training", state.epoch_skipped, loop.train_size,
+                              loop.max_bad_samples, loader.skipped, state.epoch)
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if boundary is not None:
@@ -219,16 +226,19 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
     loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
     if skipped and ran == micro_batches:  # a whole pass: was anything usable at all?
-        check_bad_samples("training", skipped, loop.train_size, loop.max_bad_samples,
-                          loader.skipped, state.epoch, used=int(seen))
+        check_bad_samples("training", state.epoch_skipped, loop.train_size,
+                          loop.max_bad_samples, loader.skipped, state.epoch, used=int(seen))
     return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
                       samples=int(seen), seconds=seconds, complete=ran == micro_batches,
-                      steps=steps, skipped=skipped)
+                      steps=steps, skipped=skipped, epoch_skipped=state.epoch_skipped)
 
 
 def _update(loop: Loop, samples: int, step: int) -> None:
     """Optimizer step `step` over the gradients of `samples` samples (all workers'),
     clipped with ``--clip-grad-norm``, then averaged into ``--ema``."""
+    # Under AMP, this step's loss scale from the scaler every rank holds alike: a rank
+    # whose whole step was unusable ran no backward pass to set it.
+    set_loss_scale(loop.trainer)
     if loop.clipper is not None:
         loop.clipper.step(loop.trainer, samples)
     else:

@@ -38,7 +38,8 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
                           result, epoch_length: int, dist: DistContext,
                           watchdog: Optional[Watchdog], batch_size: int,
                           skipped: dict, recipe: dict,
-                          reason: Optional[str] = None) -> dict:
+                          reason: Optional[str] = None,
+                          before_save: Optional[Callable] = None) -> dict:
     """Record a stop inside an epoch (``--max-steps``, or the stop asked for `reason`, whose
     evaluation is skipped: `result` None) with what the part of the epoch that ran measured
     (steps, time, throughput), save its checkpoint and wait for it; return that record. The
@@ -60,6 +61,8 @@ def _stopped_inside_epoch(net, trainer, state: TrainState, outputs: Outputs, sta
         record["checkpoint"] = checkpoint(outputs, net, trainer, state, True, watchdog,
                                           wait=True)
 
+    if before_save is not None:
+        before_save(state)
     _gather(outputs, trainer, True)
     write_together(dist, write, f"step {state.step}")
     return record
@@ -121,10 +124,13 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
                 policy or precision.Precision.of(cfg), watchdog, cfg.label_smoothing,
                 cfg.accumulate, cfg.max_bad_samples, data.num_train, commit,
                 mixing=recipe.mixing, clipper=recipe.clipper, ema=recipe.ema)
-    # Saves and stops voted at step boundaries; an elastic run commits in memory instead.
-    boundary = None if commit is not None else Boundary(
+    # Saves and stops voted at step boundaries, in every run: an elastic one too, which
+    # commits to memory before each save (a peer that times out waiting for it rolls back
+    # to there).
+    boundary = Boundary(
         net, trainer, dist, outputs.checkpointer, cfg.checkpoint_every, signals, loop.guard,
-        ema=recipe.ema)
+        ema=recipe.ema,
+        before_save=None if commit is None else lambda now: commit(now, "before save"))
     loop.boundary = boundary
     logger.info("training %s on %s: %d worker(s) x %d device(s) x batch %d%s = global batch "
                 "%d, %d steps/epoch, lr %g for the global batch (scaling: %s, store: %s)",
@@ -159,8 +165,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             if asked and not stats.complete:  # saved at once: no evaluation
                 record = _stopped_inside_epoch(
                     net, trainer, state, outputs, stats, None, data.num_train, dist, watchdog,
-                    cfg.batch_size, count_skipped(train_loader, test_loader, dist, epoch),
-                    recipe.train_figures(epoch), boundary.why())
+                    cfg.batch_size, count_skipped(stats, test_loader, dist, epoch, False),
+                    recipe.train_figures(epoch), boundary.why(), boundary.before_save)
                 raise boundary.preempted(state, record["checkpoint"], state.epoch_samples)
             # An epoch whose last step brought a stop request is saved unevaluated, unless
             # it ends the run.
@@ -170,7 +176,7 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             trained = dict(recipe.train_figures(epoch), **(recipe.ema_figures(
                 lambda: _evaluate(net, test_loader, devices, dist, loop, watchdog, epoch))
                 if evaluated else {}))
-            skipped = count_skipped(train_loader, test_loader, dist, epoch)
+            skipped = count_skipped(stats, test_loader, dist, epoch, evaluated)
             if result is not None and (skipped["skipped_val_samples"] or not result.count):
                 check_bad_samples("validation", skipped["skipped_val_samples"], data.num_test,
                                   cfg.max_bad_samples, getattr(test_loader, "skipped", []),
@@ -178,10 +184,11 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
             if not stats.complete:
                 stopped = _stopped_inside_epoch(net, trainer, state, outputs, stats, result,
                                                 data.num_train, dist, watchdog,
-                                                cfg.batch_size, skipped, trained)
+                                                cfg.batch_size, skipped, trained,
+                                                before_save=boundary.before_save)
                 break
             state.epoch += 1
-            state.epoch_samples = 0
+            state.epoch_samples = state.epoch_skipped = 0
             record = dict(epoch=epoch, step=state.step,
                           **figures(stats, result, trainer, dist, cfg.batch_size), **trained,
                           **skipped)

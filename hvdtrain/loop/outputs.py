@@ -48,21 +48,32 @@ class Outputs:
         return paths
 
 
-def count_skipped(train_loader, test_loader, dist: DistContext, epoch: int) -> dict:
-    """Samples the loaders left out this epoch (unreadable or undecodable), over all ranks,
+def count_skipped(stats, test_loader, dist: DistContext, epoch: int,
+                  evaluated: bool = True) -> dict:
+    """Samples left out this epoch as unusable (unreadable or undecodable), over all ranks,
     as the metrics record's fields; rank 0 warns once with the totals (each rank has already
-    named its own bad samples, one warning each). In-memory loaders leave none out."""
-    if not hasattr(train_loader, "skipped"):
-        return dict(skipped_train_samples=0, skipped_val_samples=0)
-    mine = [len(loader.skipped) for loader in (train_loader, test_loader)]
-    if dist.synchronous:
-        mine = dist.sum_across_workers("skipped_samples", mx.nd.array(mine)).asnumpy()
-    train, val = (int(n) for n in mine)
+    named its own bad samples, one warning each). In-memory loaders leave none out.
+
+    The training count is the epoch's steps' own (`stats`: summed with each step's counts,
+    the part before a stop and resume inside the epoch included), not what the loader
+    decoded: at a stop it has decoded batches ahead that no step trained on, and trains
+    them after the resume. The validation count is the evaluation's, None when the epoch
+    was not `evaluated` (a stop skipped it)."""
+    if not hasattr(test_loader, "skipped"):
+        return dict(skipped_train_samples=0, skipped_val_samples=0 if evaluated else None)
+    train = int(stats.epoch_skipped)
+    val = None
+    if evaluated:
+        mine = mx.nd.array([len(test_loader.skipped)])
+        if dist.synchronous:
+            mine = dist.sum_across_workers("skipped_samples", mine)
+        val = int(mine.asnumpy()[0])
     # Without a synchronous store the counts are this rank's own: then each rank says its own.
     if (train or val) and (dist.rank == 0 or not dist.synchronous):
-        logger.warning("epoch %d: %d training and %d validation sample(s) could not be read "
+        logger.warning("epoch %d: %d training and %s validation sample(s) could not be read "
                        "or decoded and were left out (named in the warnings above, by the "
-                       "rank that met them)", epoch + 1, train, val)
+                       "rank that met them)", epoch + 1, train,
+                       val if evaluated else "no (not evaluated)")
     return dict(skipped_train_samples=train, skipped_val_samples=val)
 
 

@@ -82,15 +82,17 @@ def draw_confusion(path: str, confusion, classes: List[str]):
     shares = confusion / rows.clip(min=1)
     side = min(2 + 0.35 * len(classes), 40)
     fig, ax = plt.subplots(figsize=(side, side))
-    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
-    if len(classes) <= 50:  # beyond that the names would overlap
-        ax.set_xticks(range(len(classes)), classes, rotation=90)
-        ax.set_yticks(range(len(classes)), classes)
-    ax.set_xlabel("predicted class")
-    ax.set_ylabel("true class")
-    ax.set_title("confusion (share of each true class)")
-    fig.colorbar(image, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    try:  # closed whatever happens: pyplot keeps every open figure (a large one, here)
+        image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+        if len(classes) <= 50:  # beyond that the names would overlap
+            ax.set_xticks(range(len(classes)), classes, rotation=90)
+            ax.set_yticks(range(len(classes)), classes)
+        ax.set_xlabel("predicted class")
+        ax.set_ylabel("true class")
+        ax.set_title("confusion (share of each true class)")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+        fig.tight_layout()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(fig)
     return path

@@ -125,8 +125,10 @@ def plot(runs: List[Dict], out: str, dpi: int = 100) -> str:
     acc_ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(runs[0]["label"] if len(runs) == 1 else f"{len(runs)} runs compared")
     fig.tight_layout()
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=dpi)
+    finally:  # a failed write keeps no figure open
+        plt.close(fig)
     return out
 
 

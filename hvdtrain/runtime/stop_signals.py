@@ -37,6 +37,7 @@ logger = logging.getLogger("hvdtrain")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 REPEAT_WINDOW = 2.0  # seconds within which another signal is the first one delivered again
 _WAKE_UP = 0  # the byte that ends the reading thread (no signal has number 0)
+JOIN_WAIT = 5.0  # seconds the end of a run waits for the reading thread
 
 
 class StopSignals:
@@ -97,18 +98,26 @@ class StopSignals:
         return True
 
     def _read(self, fd: int) -> None:
-        while True:
-            try:
-                data = os.read(fd, 64)
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-            for signum in data:
-                if signum == _WAKE_UP:
+        """The reading thread: act on each signal's byte until the wake-up byte or the end
+        of the pipe. It owns `fd` and closes it when it ends, so that no other thread ever
+        closes a descriptor this one may still read (its number could be reused by then)."""
+        try:
+            while True:
+                try:
+                    data = os.read(fd, 64)
+                except InterruptedError:
+                    continue
+                except OSError:
                     return
-                if signum in STOP_SIGNALS:
-                    self.notice(signum)
+                if not data:  # the write end is closed: nothing more can come
+                    return
+                for signum in data:
+                    if signum == _WAKE_UP:
+                        return
+                    if signum in STOP_SIGNALS:
+                        self.notice(signum)
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is not threading.main_thread():
@@ -134,7 +143,10 @@ class StopSignals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         os.write(self._pipe[1], bytes([_WAKE_UP]))
-        self._thread.join(timeout=5)
-        for fd in self._pipe:
-            os.close(fd)
+        # The thread closes the read end when it ends: not here, even when it has not ended
+        # within the wait (busy logging a signal's line), as it may still read from it.
+        os.close(self._pipe[1])
+        self._thread.join(timeout=JOIN_WAIT)
+        if self._thread.is_alive():
+            logger.debug("the stop-signal thread is still busy; it ends by itself")
         self._pipe, self._thread = None, None

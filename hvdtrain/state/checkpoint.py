@@ -12,7 +12,8 @@ import json
 import logging
 import os
 import shutil
-from typing import Callable, Dict, List, Optional
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mxnet as mx
 
@@ -70,6 +71,20 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
         shutil.rmtree(tmp, ignore_errors=True)  # else it keeps the disk full
         raise failure from None
     final = os.path.join(folder, name)
+    try:
+        _put_in_place(folder, tmp, final, name, keep)
+    except OSError as err:
+        # A rename, an fsync or a prune that fails (EIO, EROFS, a quota) is a failed write
+        # like any other, one line (OutputError): a synchronous save (--elastic) raises it to
+        # write_together, which makes it every rank's stop, instead of rank 0's alone.
+        failure = write_failure(final, err)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise failure from None
+    return final
+
+
+def _put_in_place(folder: str, tmp: str, final: str, name: str, keep: int) -> None:
+    """Rename the written checkpoint `tmp` to `final`, move ``latest`` to it, prune."""
     stale = None
     if os.path.exists(final):  # a resumed run redoing this epoch: move the old one aside
         stale = os.path.join(folder, f".old-{name}-{os.getpid()}")
@@ -80,7 +95,6 @@ def save_checkpoint(output_dir: str, net, trainer, meta: Dict, keep: int,
     if stale:
         shutil.rmtree(stale, ignore_errors=True)
     prune(folder, keep)
-    return final
 
 
 def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
@@ -213,11 +227,14 @@ class Checkpointer:
             name: copy() for name, copy in self.files.items()}
         samples = getattr(state, "epoch_samples", 0)
         meta = dict(self.meta, epoch=state.epoch, step=state.step, epoch_samples=samples,
+                    epoch_skipped=getattr(state, "epoch_skipped", 0) if samples else 0,
                     **self.extra(trainer))
         if self.host_copy is None:
+            start = time.perf_counter()
             path = save_checkpoint(self.output_dir, net, trainer, meta, self.keep,
                                    self.with_states, compression, files)
-            logger.info("checkpoint saved: %s", path)
+            logger.info("checkpoint saved: %s (written in %.1f s)", path,
+                        time.perf_counter() - start)
             return path
         copy = self.host_copy(net, trainer, self.with_states, replace)
         # save_checkpoint is looked up when the thread runs (a test shim may wrap it).
@@ -231,6 +248,18 @@ class Checkpointer:
         """Wait for the write in progress, if any: its path, or its failure raised (once)."""
         write, self._write = self._write, None
         return write.join() if write is not None else None
+
+    def write_status(self) -> Tuple[bool, bool]:
+        """(failed, busy) of the background write, read together: whether it has ended in a
+        failure not yet raised, and whether it is still running. The thread's liveness is
+        read once, first: a write that ends (and fails) while these are read is then seen
+        as busy, and its failure at the next read, never as done without a failure (two
+        separate reads of :attr:`failed` and :attr:`writing` could see both false)."""
+        write = self._write
+        if write is None:
+            return False, False
+        busy = write.running
+        return (not busy and write.failure is not None), busy
 
     @property
     def writing(self) -> bool:

@@ -117,6 +117,7 @@ def read_meta(path: str) -> Dict:
     try:
         epoch, step = _whole(meta, "epoch"), _whole(meta, "step")
         samples = _whole(meta, "epoch_samples", 0)
+        _whole(meta, "epoch_skipped", 0)
         if not isinstance(meta.get("has_states", False), bool):
             raise ValueError(f"has_states is {meta['has_states']!r}, not true or false")
         name = os.path.basename(os.path.normpath(path))

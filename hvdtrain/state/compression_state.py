@@ -64,6 +64,15 @@ def load(path: str, trainer, meta: Dict) -> None:
     compression.load(arrays, int(meta.get("step", 0)))
 
 
+def step_skipped(trainer) -> None:
+    """An optimizer step that no rank had a sample for, so no exchange ran: PowerSGD counts
+    it all the same, so that its count stays the run's (``--powersgd-start-step`` and a
+    resume, which continues from the checkpoint's step, count the same steps)."""
+    compression = compression_of(trainer)
+    if compression is not None:
+        compression.steps += 1
+
+
 def reset(trainer, step: int) -> None:
     """An elastic reset: errors from zero, Q from its seed, at optimizer step `step`."""
     compression = compression_of(trainer)

@@ -135,4 +135,7 @@ def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker
         logger.info("resume changes: %s", ", ".join(changes))
     logger.info("resumed from %s: epoch %d, step %d%s", path, meta["epoch"], meta["step"],
                 f", {samples} samples into epoch {int(meta['epoch']) + 1}" if samples else "")
-    return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]), epoch_samples=samples)
+    # The unusable samples the stopped epoch met before (older checkpoints: none recorded).
+    skipped = int(meta.get("epoch_skipped", 0)) if samples else 0
+    return TrainState(epoch=int(meta["epoch"]), step=int(meta["step"]), epoch_samples=samples,
+                      epoch_skipped=skipped)

@@ -8,7 +8,10 @@ skip its first-step broadcast or discard an undone attempt's gradients (the elas
 :func:`optimizer_states`, :func:`set_optimizer_states`, :func:`skip_first_step_broadcast`,
 :func:`discard_gradients`), nor to copy a model and its optimizer state for a background
 save (:func:`host_arrays`, :func:`optimizer_states_later`), nor to say where the model zoo's
-files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline).
+files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline),
+nor to give every rank AMP's loss scale for an update whether or not it ran a backward pass
+(:func:`set_loss_scale`), nor to tell a running statistic from a frozen weight
+(:func:`is_statistic`).
 All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
 stay correct whatever the user does to parameters), so the private calls live here, behind a
 version check: a different MXNet fails loudly at import instead of training subtly wrong.
@@ -133,6 +136,21 @@ def gradient_scale(trainer) -> float:
     return float(trainer._scale)  # pylint: disable=protected-access
 
 
+def set_loss_scale(trainer) -> None:
+    """Under AMP, make `trainer`'s ``_scale`` (what the update divides the summed gradients
+    by, besides the sample count) 1 / the loss scale of AMP's scaler, as ``amp.scale_loss``
+    sets it in the backward pass; without AMP, nothing.
+
+    Called before every update on every rank: a rank whose whole step was unusable ran no
+    backward pass, so ``amp.scale_loss`` never set this step's value there, and it would
+    divide the same summed gradient by a stale one (1 after a start or resume, or an older
+    loss scale). The scaler's loss scale is the same on every rank (each rank's scaler
+    decides overflows from the same reduced gradients), so this is too."""
+    scaler = getattr(trainer, "_amp_loss_scaler", None)
+    if scaler is not None:
+        trainer._scale = trainer._amp_original_scale / scaler.loss_scale  # pylint: disable=protected-access
+
+
 def set_step_divisor(trainer, samples: float) -> None:
     """Set `trainer`'s ``rescale_grad`` for a step over `samples` samples, as ``step(samples)``
     does before it exchanges; ``allreduce_grads()`` alone leaves the last update's there.
@@ -149,6 +167,14 @@ def store_of(trainer):
     """The store `trainer` was given (a KVStore, its name, or None) and its contexts."""
     return (trainer._kvstore_params.get("kvstore"),  # pylint: disable=protected-access
             trainer._contexts)  # pylint: disable=protected-access
+
+
+def is_statistic(param) -> bool:
+    """Whether `param` is an array no gradient can ever reach, which each replica moves on
+    its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's
+    ``differentiable=False``, kept private. A parameter merely frozen (``grad_req='null'``)
+    is not one."""
+    return not param._differentiable  # pylint: disable=protected-access
 
 
 def params_by_place(net) -> dict:
@@ -175,11 +201,28 @@ def optimizer_states(trainer) -> bytes:
     return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
 
 
-def optimizer_states_later(trainer) -> Callable[[], bytes]:
+class StatesLater:
+    """:func:`optimizer_states` as they were when this was made, serialised when called.
+
+    Attributes
+    ----------
+    states : dict
+        The per-parameter states (NDArrays, or tuples of them), copied to host memory.
+    """
+
+    def __init__(self, states: dict, frozen_optimizer: bytes):
+        self.states = states
+        self._frozen = frozen_optimizer
+
+    def __call__(self) -> bytes:
+        return pickle.dumps((self.states, pickle.loads(self._frozen)))
+
+
+def optimizer_states_later(trainer) -> StatesLater:
     """:func:`optimizer_states` as they are now, serialised later (by a background write):
-    the per-parameter states are copied now (a memory copy, done when this returns) and the
-    optimizer object pickled now (small: its update counts and scheduler), so that training
-    may go on changing both. The returned function gives the bytes
+    the per-parameter states are copied to host memory now (a memory copy, done when this
+    returns) and the optimizer object pickled now (small: its update counts and scheduler),
+    so that training may go on changing both. Calling the result gives the bytes
     :func:`optimizer_states` gives now (MXNet 1.9.1 ``Updater.get_states``)."""
     # pylint: disable=protected-access
     updater = trainer._updaters[0]
@@ -191,17 +234,20 @@ def optimizer_states_later(trainer) -> Callable[[], bytes]:
         optimizer.param_dict = param_dict
     copied = {index: _copied(state) for index, state in updater.states.items()}
     _copied(list(copied.values()), wait=True)
-    return lambda: pickle.dumps((copied, pickle.loads(frozen)))
+    return StatesLater(copied, frozen)
 
 
 def _copied(state, wait: bool = False):
-    """`state` (an NDArray, None, or tuples and lists of them) with each array copied (or,
-    with `wait`, waited for)."""
+    """`state` (an NDArray, None, or tuples and lists of them) with each array copied to
+    host memory (or, with `wait`, waited for). To the CPU, not ``copy()``, which keeps the
+    array's context: on a GPU the copy would take device memory, beside training's, for as
+    long as the write runs (loading the states moves each to its weight's device again:
+    ``Updater.sync_state_context``)."""
     if isinstance(state, mx.nd.NDArray):
         if wait:
             state.wait_to_read()
             return state
-        return state.copy()
+        return state.copyto(mx.cpu())
     if isinstance(state, (tuple, list)):
         return type(state)(_copied(part, wait) for part in state)
     return state

@@ -64,7 +64,7 @@ class PowerSGD:
                  seed: int = 0, guard: bool = False):
         self.rank, self.start_step, self.error_feedback = rank, start_step, error_feedback
         self.seed, self.guard = seed, guard
-        self.steps = 0  # optimizer steps exchanged so far in the run
+        self.steps = 0  # optimizer steps of the run so far (those no rank had a sample for too)
         self._buckets: List[FactoredBucket] = []
         self._store, self._workers = None, 1  # set by the plan
         self._compressing = False  # whether the step under way is compressed

@@ -6,6 +6,7 @@ them), so before the fix the ranks divided the same summed gradient by different
 import dataclasses
 import json
 import os
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -178,3 +179,31 @@ def test_one_bad_sample_gives_the_update_of_a_plain_loop_without_it(tmp_path):
         assert_arrays_close(params[0][name], value, tol=1e-5, what=name)
     # The reference moved: the comparison is not of two untouched starts.
     assert not np.allclose(expected["5.weight"], start["5.weight"])
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_rank_whose_whole_step_is_unusable_applies_the_same_loss_scale(ranks, bad_sets,
+                                                                         tmp_path):
+    """One sample per rank and step: a bad file makes that rank's whole step empty (no
+    forward or backward pass), under AMP's loss scaling with a scale that changes at every
+    update and an overflow now and then (tests/dist/amp_stand_in.py), with clipping (some
+    steps clipped, some not) and PowerSGD. Every array stays identical across ranks (before:
+    the empty rank divided the summed gradient by the loss scale of the step before)."""
+    folder, _ = bad_sets
+    flags = FLAGS + ["--batch-size", "1", "--epochs", "1", "--data-dir", folder,
+                     "--model", "bn_cnn", "--compression", "powersgd", "--powersgd-start-step",
+                     "0", "--powersgd-rank", "2", "--lr", "0.02", "--clip-grad-norm", "2",
+                     "--output-dir", str(tmp_path / "run")]
+    program = os.path.join(os.path.dirname(os.path.abspath(__file__)), "amp_stand_in.py")
+    cmd = launcher("horovodrun", ranks) + [sys.executable, program, str(tmp_path)] + flags
+    proc = run_command(cmd, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    params = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(ranks)]
+    for other in params[1:]:
+        assert_same_params(params[0], other)
+    with open(tmp_path / "run" / "metrics.jsonl") as src:
+        epoch, = [r for r in map(json.loads, src) if r["event"] == "epoch"]
+    steps = -(-42 // ranks)
+    assert epoch["skipped_train_samples"] == 2 and epoch["step"] == steps, epoch
+    assert 0 < epoch["clipped_steps"] < steps, epoch
+    assert "PowerSGD rank 2" in proc.stdout and "Traceback" not in proc.stdout

@@ -119,3 +119,29 @@ def test_the_frozen_epoch_changes_and_sends_only_the_output_layer(runs):
         assert set(exchanged["0"]) == {head_bytes}, exchanged["0"]  # one bucket a step
         assert set(exchanged["1"]) == {all_bytes}, exchanged["1"]
         assert len(exchanged["0"]) == len(exchanged["1"]) == 7  # 100 images / (2 x 8)
+
+
+def test_a_frozen_backbone_stays_bit_for_bit_at_three_ranks(runs, tmp_path):
+    """Three ranks through a frozen epoch: every frozen array (the convolutions, BatchNorm's
+    gamma and beta) ends exactly as it started on every rank. They are not running
+    statistics: averaging them (as every grad_req='null' array once was) changed some of
+    them, since a float32 mean of three equal values is not always that value, and sent the
+    whole backbone at every epoch's end. (The running statistics stay too: MXNet 1.9.1 moves
+    them in BatchNorm's backward pass, which a frozen backbone skips.)"""
+    root, _, _ = runs
+    set_b = str(root / "B")
+    cmd = launcher("horovodrun", 3) + [sys.executable, os.path.join(HERE, "rank_worker.py"),
+                                       str(tmp_path)]
+    proc = run_command(cmd + FLAGS + FINE + ["--batch-size", "8", "--data-dir", set_b,
+                                             "--epochs", "1", "--init-from",
+                                             str(root / "runA")],
+                       timeout=TIMEOUT, env={"HVDTRAIN_DUMP_START": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for rank in range(3):
+        start, end = _npz(tmp_path / f"rank{rank}-start.npz"), _npz(tmp_path / f"rank{rank}.npz")
+        frozen = [p for p in start if p not in HEAD]
+        assert any(p.endswith("gamma") for p in frozen)
+        for place in frozen:
+            np.testing.assert_array_equal(end[place], start[place], err_msg=place)
+        for place in HEAD:  # and the epoch did train
+            assert not np.array_equal(end[place], start[place]), place

@@ -345,3 +345,26 @@ def test_full_disk_on_rank_0_never_crashes_the_other_rank(name, tmp_path):
     for attempt in range(4):
         with _small_disk(tmp_path / f"disk{attempt}") as disk:
             _full_disk_run(name, disk)
+
+
+def test_a_write_that_fails_while_the_save_vote_reads_it_stops_every_rank_together(tmp_path):
+    """Rank 0's background write fails between the two things the save vote asks of it
+    (failed? still running?), at a step where the next save is due (--checkpoint-every
+    1steps). Every rank stops at the same step with one line and exit 1, none inside a
+    collective its peer has left (before: rank 0 started that save alone, raised, and left
+    rank 1 in its next allreduce)."""
+    program = os.path.join(os.path.dirname(os.path.abspath(__file__)), "racy_write_program.py")
+    proc = run_command(launcher("horovodrun") + [sys.executable, program, *DIGITS,
+                                                 "--epochs", "1", "--checkpoint-every",
+                                                 "1steps", "--output-dir", str(tmp_path)],
+                       timeout=JOB_TIMEOUT)
+    assert proc.returncode == 1, proc.stdout
+    ranks = split_by_process(proc.stdout)
+    errors = {who: [l for l in lines if "error" in l.lower() or "Traceback" in l]
+              for who, lines in ranks.items() if who != "launcher"}
+    assert sorted(errors) == ["rank 0", "rank 1"], ranks
+    assert errors["rank 0"] == ["hvdtrain: error: cannot write the checkpoint: no space left "
+                                "on device"], errors
+    assert len(errors["rank 1"]) == 1 and re.fullmatch(
+        r"hvdtrain: error: rank 0 could not write its outputs \(its own line says why\); "
+        r"every rank stopped at step \d+", errors["rank 1"][0]), errors

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from helpers import run_command, split_by_process, tool
-from jobs import DIGITS, JOB_TIMEOUT, assert_same_params, launcher, run_ranks
+from jobs import DIGITS, JOB_TIMEOUT, assert_same_model, assert_same_params, launcher, run_ranks
 
 pytestmark = pytest.mark.dist
 # 1437 training digits over 2 ranks x batch 64: 12 steps per epoch.
@@ -39,9 +39,8 @@ def test_mid_epoch_stop_resumes_exactly(uninterrupted, tmp_path):
                                                          "--output-dir", str(tmp_path)])
     results, resumed, out = run_ranks(HVD, tmp_path, RESUMABLE + THREE_EPOCHS + [
         "--output-dir", str(tmp_path), "--resume", "auto"])
-    for rank in (0, 1):
-        # Per unit of magnitude: running_var reaches ~100 here (see assert_arrays_close).
-        assert_same_params(uninterrupted[rank], resumed[rank], tol=1e-5)
+    for rank in (0, 1):  # the weights bit for bit; the statistics averaged once more
+        assert_same_model(uninterrupted[rank], resumed[rank])
     assert results[0]["steps"] == 3 * 12
     # 5 steps x global batch 128 into epoch 2.
     assert "epoch 1, step 17, 640 samples into epoch 2" in out, out[-3000:]
@@ -64,9 +63,9 @@ def test_resume_from_an_epoch_end_matches_an_uninterrupted_run(uninterrupted, tm
         "--output-dir", str(tmp_path), "--resume", "auto"])
     assert "resumed from" in out and "epoch 1, step 12" in out, out[-3000:]
     assert results[0]["steps"] == 3 * 12
-    for rank in (0, 1):
-        assert_same_params(uninterrupted[rank], resumed[rank], tol=1e-6)
-    assert_same_params(resumed[0], resumed[1], tol=1e-6)
+    for rank in (0, 1):  # an epoch's end averages the statistics in either run
+        assert_same_params(uninterrupted[rank], resumed[rank])
+    assert_same_params(resumed[0], resumed[1])
     # Both runs appended to one metrics file: epochs 0 and then 1, 2.
     records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "epoch"] == [0, 1, 2]
@@ -88,7 +87,7 @@ def test_mid_epoch_resume_of_the_default_model(tmp_path):
     _, resumed, _ = run_ranks(HVD, stopped, flags + ["--output-dir", str(stopped),
                                                      "--resume", "auto"])
     for rank in (0, 1):
-        assert_same_params(full[rank], resumed[rank], tol=1e-5)
+        assert_same_model(full[rank], resumed[rank])
 
 
 def test_dist_async_resumes_with_two_workers(tmp_path):

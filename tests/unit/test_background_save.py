@@ -151,3 +151,40 @@ def test_sigkill_during_the_background_write_keeps_the_previous_checkpoint(tmp_p
     assert latest_checkpoint(str(out)) == str(folder / "epoch-0001")
     assert ckpt.clear_leftovers(str(folder))  # the next start removes it
     assert sorted(os.listdir(folder)) == ["epoch-0001", "latest"]
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_the_optimizer_state_copies_live_in_host_memory(optimizer, tmp_path):
+    """A model on a device (mx.cpu(1) stands in for a GPU): the optimizer state a background
+    save copies goes to the CPU, not beside training's in the device's memory, and loads
+    back into the trainer as Gluon's own save does."""
+    from hvdtrain.store.gluon_internals import optimizer_states_later
+    device = mx.cpu(1)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(4, in_units=3), gluon.nn.Dense(2, in_units=4))
+    net.initialize(mx.init.Uniform(), ctx=device)
+    trainer = gluon.Trainer(net.collect_params(), optimizer, OPTIMIZERS[optimizer])
+    for _ in range(2):
+        with autograd.record():
+            loss = net(mx.nd.array(np.arange(12).reshape(4, 3) / 12.0, ctx=device)).sum()
+        loss.backward()
+        trainer.step(4)
+    later = optimizer_states_later(trainer)
+    copies = [array for state in later.states.values()
+              for array in (state if isinstance(state, (tuple, list)) else (state,))
+              if isinstance(array, mx.nd.NDArray)]
+    assert copies and {a.context for a in copies} == {mx.cpu()}
+    assert {s.context for s in trainer._updaters[0].states.values()  # pylint: disable=protected-access
+            if isinstance(s, mx.nd.NDArray)} <= {device}
+    gluon_file = str(tmp_path / "gluon.states")
+    trainer.save_states(gluon_file)
+    ours = str(tmp_path / "ours.states")
+    with open(ours, "wb") as out:
+        out.write(later())
+    reference = gluon.Trainer(net.collect_params(), optimizer, OPTIMIZERS[optimizer])
+    reference.load_states(gluon_file)
+    trainer.load_states(ours)
+    for index, state in reference._updaters[0].states.items():  # pylint: disable=protected-access
+        mine = trainer._updaters[0].states[index]  # pylint: disable=protected-access
+        for a, b in zip(*(s if isinstance(s, (tuple, list)) else (s,) for s in (state, mine))):
+            np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())

@@ -199,3 +199,36 @@ def test_crash_at_random_moments(tmp_path):
         assert epoch >= newest  # a crash never loses the checkpoint that was complete
         newest = epoch
     assert newest > 0
+
+
+@pytest.mark.parametrize("fails", ["rename", "prune"])
+def test_a_synchronous_save_that_fails_after_writing_is_one_output_error(tmp_path,
+                                                                         monkeypatch, fails):
+    """A save written in the caller's thread (--elastic's) whose rename or prune fails
+    (EIO) raises OutputError, the one line write_together turns into every rank's stop,
+    never the bare OSError that would leave rank 0 alone; earlier checkpoints stay."""
+    import errno
+    from hvdtrain.state.writes import OutputError
+    net = small_net()
+    trainer = trained(net)
+    saver = Checkpointer(str(tmp_path), every=1, keep=1)
+
+    class State:
+        epoch, step = 1, 10
+    first = saver.after_epoch(net, trainer, State())
+    real_rename = os.rename
+
+    def failing(src, dst):
+        gone = fails == "rename" and os.path.basename(src).startswith(".tmp-") or \
+            fails == "prune" and os.path.basename(dst).startswith(".old-")
+        if gone:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", failing)
+    State.epoch, State.step = 2, 20
+    with pytest.raises(OutputError, match="Input/output error"):
+        saver.after_epoch(net, trainer, State())
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert os.path.isdir(first) and read_meta(first)["step"] == 10
+    leftovers = [n for n in os.listdir(os.path.dirname(first)) if n.startswith(".tmp-")]
+    assert not leftovers

@@ -4,6 +4,7 @@ the claim after a reset that renumbered rank 0, and when the loop commits.
 The job itself, under Horovod's elastic driver on two loopback hosts, is in
 ``tests/dist/test_elastic.py``.
 """
+import os
 import types
 
 import pytest
@@ -194,3 +195,62 @@ def test_a_late_rank_is_not_refused_the_folder_its_own_rank_0_already_locked(tmp
             RunDir.decide(cfg)  # a rank of another launch
     finally:
         holder.release()
+
+
+def _elastic_fit_in_process(tmp_path, flags, signals=None):
+    """``fit`` as an elastic run calls it (a commit hook), one process, digits; returns the
+    hook's calls and the checkpoint folder's names."""
+    from hvdtrain.state.checkpoint import Checkpointer
+    from hvdtrain.loop.fit import Outputs, fit
+    from hvdtrain.data.load import load_dataset
+    from hvdtrain.loop.build import build_trainer, initialize
+    from hvdtrain.models import build_model
+    from hvdtrain.report.log import MetricsWriter
+    from hvdtrain.store.dist import DistContext
+    import mxnet as mx
+
+    cfg = parse_config(QUICK + ["--kvstore", "none", "--batch-size", "128", "--output-dir",
+                                str(tmp_path), "--keep-checkpoints", "50"] + flags)
+    data = load_dataset("digits", None)
+    net = build_model(cfg.model_name, data.num_classes)
+    initialize(net, [mx.cpu()], data.image_shape, cfg.seed, 0, cfg.hybridize)
+    dist = DistContext()
+    trainer = build_trainer(net, cfg, dist)
+    # Written in the caller's thread, as an elastic run's checkpoints are (job.py).
+    saver = Checkpointer(cfg.output_dir, 1, cfg.keep_checkpoints, meta={"config": cfg.to_dict()})
+    calls = []
+    outputs = Outputs(MetricsWriter(None), saver)
+    try:
+        fit(net, trainer, data, [mx.cpu()], dist, cfg, outputs, signals=signals,
+            commit=lambda state, point: calls.append((state.step, point)))
+    finally:
+        folder = tmp_path / "checkpoints"
+        names = sorted(os.listdir(folder)) if folder.is_dir() else []
+    return calls, names
+
+
+def test_an_elastic_run_saves_at_its_step_interval_after_a_commit(tmp_path):
+    """--elastic with --checkpoint-every Nsteps writes those checkpoints inside each epoch (it
+    wrote none until the end), each after a commit to memory: a peer that times out waiting
+    for rank 0's write rolls back to the step saved, not before it. 12 steps an epoch."""
+    calls, names = _elastic_fit_in_process(tmp_path, ["--epochs", "2", "--checkpoint-every",
+                                                      "5steps"])
+    inside = [n for n in names if "-step-" in n]
+    assert inside == ["epoch-0000-step-0000005", "epoch-0000-step-0000010",
+                      "epoch-0001-step-0000015", "epoch-0001-step-0000020"], names
+    assert [step for step, point in calls if point == "before save"] == [5, 10, 15, 20]
+
+
+def test_an_elastic_run_stops_on_a_signal_with_a_checkpoint(tmp_path):
+    """A stop signal (noted by any rank) stops an elastic run as any run: at the step
+    boundary, with the checkpoint saved, Preempted (exit 75). Before, elastic runs
+    installed no handler: a preemption lost everything since the last epoch's end."""
+    from hvdtrain.loop.together import Preempted
+
+    class Asked:
+        received = "SIGTERM"
+    with pytest.raises(Preempted) as stopped:
+        _elastic_fit_in_process(tmp_path, ["--epochs", "2"], signals=Asked())
+    assert "(SIGTERM); checkpoint saved:" in stopped.value.line, stopped.value.line
+    assert "epoch-0000-step-0000001" in stopped.value.line
+    assert os.path.isfile(tmp_path / "checkpoints" / "epoch-0000-step-0000001" / "meta.json")

@@ -75,3 +75,16 @@ def test_the_report_files_say_the_same(linear_case, tmp_path):
     assert len(worst) == 6 and worst[1][0] == f"sample-{report.worst[0].position}"
     with open(tmp_path / "confusion.png", "rb") as png:
         assert png.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_confusion_drawing_that_cannot_be_written_leaves_no_figure_open(tmp_path):
+    """pyplot keeps every figure until it is closed: a write that fails (a full disk, a
+    folder gone) must not leave the drawing behind."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from hvdtrain.report.eval_report import draw_confusion
+    from hvdtrain.state.writes import OutputError
+    before = len(plt.get_fignums())
+    with pytest.raises(OutputError):
+        draw_confusion(str(tmp_path / "gone" / "confusion.png"), np.eye(3), ["a", "b", "c"])
+    assert len(plt.get_fignums()) == before

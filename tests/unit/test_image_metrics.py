@@ -52,11 +52,21 @@ def test_train_and_val_skips_are_counted_apart_and_a_stop_records_what_an_epoch_
 
 
 def test_only_rank_0_warns_the_epoch_totals(caplog):
-    loaders = (SimpleNamespace(skipped=["a"]), SimpleNamespace(skipped=[]))
+    # The training count is the steps' (the epoch's), not the loader's, which decodes ahead.
+    stats, test_loader = SimpleNamespace(epoch_skipped=1), SimpleNamespace(skipped=[])
     caplog.set_level(logging.WARNING, logger="hvdtrain")
     for rank in (1, 0):
         dist = SimpleNamespace(synchronous=True, rank=rank, sum_across_workers=lambda _, v: v)
-        assert count_skipped(*loaders, dist, 0) == dict(skipped_train_samples=1,
-                                                         skipped_val_samples=0)
+        assert count_skipped(stats, test_loader, dist, 0) == dict(skipped_train_samples=1,
+                                                                   skipped_val_samples=0)
     totals = [r for r in caplog.records if "could not be read" in r.getMessage()]
     assert len(totals) == 1 and "1 training and 0 validation" in totals[0].getMessage()
+
+
+def test_an_unevaluated_epoch_counts_no_validation_samples():
+    """A stop that skips the evaluation has no validation count: not the last
+    evaluation's, which the loader still holds."""
+    stats, test_loader = SimpleNamespace(epoch_skipped=0), SimpleNamespace(skipped=["x", "y"])
+    dist = SimpleNamespace(synchronous=True, rank=0, sum_across_workers=lambda _, v: v)
+    assert count_skipped(stats, test_loader, dist, 3, evaluated=False) == dict(
+        skipped_train_samples=0, skipped_val_samples=None)

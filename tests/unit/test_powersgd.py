@@ -203,3 +203,43 @@ def test_an_elastic_restore_resets_the_errors_and_q(store):
     assert not np.allclose(q, trained_q)  # Q is the seed's again, not the trained one
     seeded = np.random.RandomState([3, first]).standard_normal(q.shape)
     np.testing.assert_allclose(q, seeded, rtol=1e-6)
+
+
+class SkippingLoader:
+    """Three batches of 8 (one optimizer step each), the second with no usable sample (every
+    image of it unreadable), as a streamed loader yields them."""
+
+    batch_size = 8
+
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.batches = [(rng.random((n, 40)).astype(np.float32), np.arange(n) % 10)
+                        for n in (8, 0, 8)]
+        self.sampler = list(range(24))
+        self.skipped = ["a: unreadable"] * 8
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_a_step_no_rank_had_a_sample_for_counts_as_a_step(store):
+    """No update runs at such a step, nor an exchange; PowerSGD still counts it, so that its
+    count is the run's step count, which a resume continues it from (the checkpoint's step):
+    otherwise --powersgd-start-step would flip at another step after a resume."""
+    from hvdtrain.loop.epoch import Loop, train_epoch
+    from hvdtrain.loop.guard import FiniteGuard
+    from hvdtrain.state.train_state import TrainState
+    from hvdtrain.store.dist import DistContext
+    net = dense_net()
+    compression = PowerSGD(rank=2, start_step=0, seed=3)
+    trainer = make_trainer(net, compression, store)
+    dist = DistContext()
+    loop = Loop(net, trainer, [mx.cpu()], dist, lambda _: 0.1, FiniteGuard(dist, mx.cpu()),
+                steps_per_epoch=3, max_bad_samples="100", train_size=24)
+    state = TrainState()
+    stats = train_epoch(loop, SkippingLoader(), state)
+    assert stats.complete and state.step == 3 and stats.skipped == 8
+    assert compression.steps == state.step

@@ -5,7 +5,7 @@ from mxnet import autograd
 
 from hvdtrain.store.dist import DistContext
 from hvdtrain.models import build_model
-from hvdtrain.loop.replicas import average_running_stats, untrained_params
+from hvdtrain.loop.replicas import average_running_stats, running_statistics
 
 DEVICES = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
 
@@ -23,7 +23,7 @@ def bn_net_with_drifted_stats():
 
 def test_running_stats_become_the_mean_of_the_device_copies():
     net = bn_net_with_drifted_stats()
-    stats = untrained_params(net)
+    stats = running_statistics(net)
     assert [p.name.rsplit("_", 2)[-2:] for p in stats][:2] == [["running", "mean"],
                                                                ["running", "var"]]
     before = {p.name: [c.asnumpy() for c in p.list_data()] for p in stats}
@@ -41,3 +41,36 @@ def test_nothing_to_do_for_one_device_and_one_worker():
     net.initialize()
     assert average_running_stats(net, DistContext()) == 0
     assert average_running_stats(build_model("mlp", 10), DistContext()) == 0
+
+
+def test_frozen_weights_are_not_statistics_and_stay_as_they_are():
+    """A parameter frozen with grad_req='null' (--freeze-epochs, or a user's own) is the same
+    on every replica: it is not averaged, so it neither travels nor changes."""
+    net = bn_net_with_drifted_stats()
+    frozen = [p for p in net.collect_params().values() if p.name.endswith("weight")]
+    for param in frozen:
+        param.grad_req = "null"
+    # Equal copies that a float32 mean of three would round: 0.1 + 0.1 + 0.1 != 0.3.
+    for param in frozen:
+        for copy in param.list_data():
+            copy[:] = 0.1
+    names = {p.name for p in running_statistics(net)}
+    assert names and not names & {p.name for p in frozen}
+    assert all(n.endswith(("running_mean", "running_var")) for n in names)
+    average_running_stats(net, DistContext())
+    for param in frozen:
+        for copy in param.list_data():
+            assert (copy.asnumpy() == np.float32(0.1)).all(), param.name
+
+
+def test_equal_statistics_come_back_bit_for_bit():
+    """The mean is taken in float64: equal float32 copies average to themselves exactly (a
+    float32 sum of three 0.1s divided by 3 is 0.10000001)."""
+    net = bn_net_with_drifted_stats()
+    stats = running_statistics(net)
+    values = np.random.default_rng(3).random(stats[0].shape).astype(np.float32)
+    for copy in stats[0].list_data():
+        copy[:] = values
+    average_running_stats(net, DistContext())
+    for copy in stats[0].list_data():
+        assert (copy.asnumpy() == values).all()

@@ -118,6 +118,9 @@ class FakeCheckpointer:
     def failed(self):
         return self.failure is not None and not self.writing
 
+    def write_status(self):
+        return self.failed, self.writing
+
     def wait(self):
         failure, self.failure = self.failure, None
         if failure is not None:
@@ -188,6 +191,11 @@ def test_a_stop_request_stops_without_a_save_of_its_own():
     assert other.why() == "another rank's request; 1 of 4 ranks asked"
     assert isinstance(b.preempted(TrainState(), None, 0), Preempted)
     assert Preempted.status == 75
+    # Nothing saved (no --output-dir): no advice to --resume auto, which needs a folder.
+    unsaved = b.preempted(TrainState(epoch=0, step=5, epoch_samples=70), None, 70).line
+    assert unsaved == ("hvdtrain: stopped at step 5, 70 samples into epoch 1 (SIGTERM); nothing "
+                       "saved (no --output-dir); exit 75: a run again starts over; give "
+                       "--output-dir to make a stop resumable"), unsaved
 
 
 def test_a_failed_background_write_stops_every_rank_with_its_line():
@@ -206,6 +214,58 @@ def test_a_failed_background_write_stops_every_rank_with_its_line():
         other.after_step((0, 0, 1, 0), TrainState(step=4), last_of_epoch=False)
     assert peer.value.line.endswith("rank 0 could not write its outputs (its own line says "
                                     "why); every rank stopped at step 4")
+
+
+def test_the_vote_reads_a_write_that_ends_failing_as_busy_then_failed():
+    """A real Checkpointer whose write thread fails just as the vote reads it: the first read
+    of its liveness says running, the truth comes after. The vote reads it once: busy (no
+    save is started into the failure), then failed at the next step (before: "failed?" and
+    "busy?" read apart saw neither, and rank 0 started the next save alone)."""
+    from hvdtrain.state.checkpoint import Checkpointer
+
+    class EndingWrite:
+        failure = OutputError("cannot write X: no space left on device")
+        reads = 0
+
+        @property
+        def running(self):
+            self.reads += 1
+            return self.reads == 1
+
+    saver = Checkpointer("unused", enabled=True)
+    saver._write = EndingWrite()  # pylint: disable=protected-access
+    b = boundary("1steps", checkpointer=saver)
+    assert b.vote() == (0, 0, 0, 1)
+    assert b.vote() == (0, 0, 1, 0)
+
+
+def test_the_signal_thread_owns_its_descriptor(monkeypatch):
+    """The end of a run never closes the descriptor the signal thread reads while that
+    thread still runs (busy past the wait, e.g. logging a signal's line): its number could
+    be reused by then, and the thread would read someone else's file. The thread closes it
+    when it ends."""
+    import threading
+    from hvdtrain.runtime import stop_signals
+    monkeypatch.setattr(stop_signals, "JOIN_WAIT", 0.2, raising=False)
+    busy, leave = threading.Event(), threading.Event()
+
+    def slow_notice(signum):
+        busy.set()
+        leave.wait(10)
+    signals = StopSignals()
+    monkeypatch.setattr(signals, "notice", slow_notice)
+    with signals:
+        read_fd = signals._pipe[0]  # pylint: disable=protected-access
+        thread = signals._thread  # pylint: disable=protected-access
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert busy.wait(10)
+    assert thread.is_alive()
+    os.fstat(read_fd)  # still open: the thread may read it yet
+    leave.set()
+    thread.join(10)
+    assert not thread.is_alive()
+    with pytest.raises(OSError):
+        os.fstat(read_fd)
 
 
 # --- a rank whose launcher is gone --------------------------------------------------------
