@@ -7,7 +7,7 @@ from .config import ConfigError, TrainConfig
 from .data.datasets import Dataset
 from .data.load import load_dataset
 from .store.dist import DistContext, select_devices
-from .loop.evaluate import EvalResult, evaluate
+from .loop.engine.evaluate import EvalResult, evaluate
 from .store.buckets import BucketedTrainer
 from .store.kvstore import HorovodKVStore, create_store
 from .data.loader import BatchLoader
@@ -16,8 +16,8 @@ from .models import build_model, model_names
 from .data.sampler import SplitSampler
 from .data.streamed import ImageDataset, ImageLoader, load_images
 from .state.train_state import TrainState
-from .loop.build import broadcast_parameters, build_loaders, build_trainer, initialize
-from .loop.fit import Outputs, fit
+from .loop.engine.build import broadcast_parameters, build_loaders, build_trainer, initialize
+from .loop.run.fit import Outputs, fit
 
 __version__ = "0.1.0"
 

@@ -18,8 +18,8 @@ from . import config as cfgmod
 from . import options as optmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
-from .loop.guard import NonFiniteLoss
-from .loop.together import StoppedTogether
+from .loop.engine.guard import NonFiniteLoss
+from .loop.run.together import StoppedTogether
 from .eval_job import evaluate_only
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
 from .state.writes import OutputError

@@ -3,7 +3,7 @@
 The same launchers, stores and loaders as training: each rank reads the weights itself
 (``--init-from``: a run, a checkpoint, an export or a ``.params`` file; or ``--pretrained``),
 scores its shard of the validation split (every sample on exactly one rank), and the ranks
-sum the report (:func:`~hvdtrain.loop.eval_detail.evaluate_detailed`). Rank 0 logs the
+sum the report (:func:`~hvdtrain.loop.engine.eval_detail.evaluate_detailed`). Rank 0 logs the
 figures and writes the report files into ``--output-dir``
 (:mod:`hvdtrain.report.eval_report`). The model is the one the weights' model card names
 unless ``--model`` says otherwise (then the two must agree), and the classes must be the
@@ -23,13 +23,13 @@ from .data.card import model_card
 from .data.datasets import check_dataset
 from .data.load import load_dataset
 from .job import build_devices, build_dist, start_rank
-from .loop import precision
-from .loop.build import build_loaders, initialize
-from .loop.counts import check_bad_samples
-from .loop.eval_detail import evaluate_detailed
-from .loop.start_weights import load_start_weights, plan
-from .loop.together import write_together
-from .loop.weights_file import WeightsFile, init_from, pretrained_file, read
+from .loop.engine import precision
+from .loop.engine.build import build_loaders, initialize
+from .loop.engine.counts import check_bad_samples
+from .loop.engine.eval_detail import evaluate_detailed
+from .loop.weights.start import load_start_weights, plan
+from .loop.run.together import write_together
+from .loop.weights.files import WeightsFile, init_from, pretrained_file, read
 from .models import build_model, check_model_name
 from .report.eval_report import write_eval_report
 from .report.log import launch_rank, setup_logging

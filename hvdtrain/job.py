@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Optional
 
-from .loop import precision
+from .loop.engine import precision
 from .state.checkpoint import Checkpointer, save_params
 from .state.loss_scale import loss_scale_state
 from .config import ConfigError, TrainConfig
@@ -35,17 +35,17 @@ from .report.log import MetricsWriter, launch_rank, setup_logging
 from .models import build_model, check_model_name
 from .report.progress import TensorBoardWriter
 from .state.run_dir import RunDir
-from .loop.boundary import host_copy
-from .loop.build import broadcast_parameters, build_trainer, initialize
-from .loop.ema import FINAL_EMA_PARAMS, WeightAverage
-from .loop.finetune import apply_phase, set_head_lr_mult
-from .loop.last_gamma import check_last_gamma, zero_last_gammas
-from .loop.start_weights import load_start_weights
-from .loop.weights_file import WeightsFile, resolve as resolve_weights
-from .loop.elastic_fit import fit_elastic
+from .loop.run.boundary import host_copy
+from .loop.engine.build import broadcast_parameters, build_trainer, initialize
+from .loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
+from .loop.weights.finetune import apply_phase, set_head_lr_mult
+from .loop.recipe.last_gamma import check_last_gamma, zero_last_gammas
+from .loop.weights.start import load_start_weights
+from .loop.weights.files import WeightsFile, resolve as resolve_weights
+from .loop.elastic.fit import fit_elastic
 from .store.gluon_internals import skip_first_step_broadcast
-from .loop.fit import Outputs, fit
-from .loop.together import write_together
+from .loop.run.fit import Outputs, fit
+from .loop.run.together import write_together
 from .options import interval_of
 from .runtime.pulse import JobPulse
 from .runtime.stop_signals import StopSignals
@@ -180,7 +180,7 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
     for ``cfg.stall_timeout`` seconds; throughout, a :class:`LauncherWatch` ends it when the
     launcher that started it is gone (after saving, like a stop signal: :class:`StopSignals`).
     A stop signal (or a launcher gone) ends the run at the next step boundary with its
-    checkpoint saved: :class:`~hvdtrain.loop.together.Preempted` is raised.
+    checkpoint saved: :class:`~hvdtrain.loop.run.together.Preempted` is raised.
     """
     # Until the store knows the rank, the launcher's numbering tags the lines (and keeps
     # the INFO lines of ranks other than 0 quiet).

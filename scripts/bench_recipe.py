@@ -26,12 +26,12 @@ import mxnet as mx
 import hvdtrain
 from hvdtrain import TrainConfig
 from hvdtrain.data.datasets import SYNTHETIC_SIZE, make_synthetic
-from hvdtrain.loop.clipping import GradClipper
-from hvdtrain.loop.ema import WeightAverage
-from hvdtrain.loop.epoch import Loop, train_epoch
-from hvdtrain.loop.guard import FiniteGuard
-from hvdtrain.loop.mixing import Mixing
-from hvdtrain.loop.weight_decay import undecayed_params
+from hvdtrain.loop.recipe.clipping import GradClipper
+from hvdtrain.loop.recipe.ema import WeightAverage
+from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.loop.engine.guard import FiniteGuard
+from hvdtrain.loop.recipe.mixing import Mixing
+from hvdtrain.loop.recipe.weight_decay import undecayed_params
 from hvdtrain.models import ModelError, check_model_name
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext, share_cpu_threads

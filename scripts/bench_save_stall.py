@@ -23,7 +23,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from hvdtrain.loop.boundary import host_copy
+from hvdtrain.loop.run.boundary import host_copy
 from hvdtrain.models import build_model
 from hvdtrain.state.checkpoint import Checkpointer
 from hvdtrain.state.train_state import TrainState

@@ -22,9 +22,9 @@ import numpy as np
 
 import hvdtrain
 from hvdtrain.config import TrainConfig
-from hvdtrain.loop.build import build_trainer, initialize, broadcast_parameters
-from hvdtrain.loop.epoch import Loop, train_epoch
-from hvdtrain.loop.guard import FiniteGuard
+from hvdtrain.loop.engine.build import build_trainer, initialize, broadcast_parameters
+from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.loop.engine.guard import FiniteGuard
 from hvdtrain.models import build_model
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext

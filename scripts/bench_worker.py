@@ -28,10 +28,10 @@ from hvdtrain.data.datasets import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_syn
 from hvdtrain.store.broadcast import broadcast_
 from hvdtrain.store.dist import DistContext, share_cpu_threads
 from hvdtrain.store.buckets import BucketedTrainer
-from hvdtrain.loop.guard import FiniteGuard
+from hvdtrain.loop.engine.guard import FiniteGuard
 from hvdtrain.models import ZOO_MODELS, model_names
-from hvdtrain.loop.epoch import Loop, train_epoch
-from hvdtrain.loop.recipe import Recipe
+from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.loop.recipe.parts import Recipe
 from hvdtrain.state.train_state import TrainState
 
 

@@ -34,7 +34,7 @@ def _csv(path: str, rows: List[list]) -> None:
 
 def write_eval_report(folder: str, report, classes: List[str], describe: Callable[[int], str],
                       summary: dict) -> List[str]:
-    """Write an :class:`~hvdtrain.loop.eval_detail.EvalReport` into `folder`; `describe`
+    """Write an :class:`~hvdtrain.loop.engine.eval_detail.EvalReport` into `folder`; `describe`
     names a sample of the split by its position; `summary` joins eval.json. Returns the
     paths written."""
     os.makedirs(folder, exist_ok=True)

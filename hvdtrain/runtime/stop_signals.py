@@ -5,7 +5,7 @@ SIGTERM, SIGUSR1 and SIGINT are how a cluster says "leave soon": Slurm (``--sign
 instance's notice, Ctrl-C. On the first one a rank only takes note
 (:attr:`StopSignals.received`); the training loop adds that note to the vote every rank casts
 with its step counts, so all ranks stop at the same step boundary, rank 0 saves, and every
-rank exits with :data:`hvdtrain.config.EXIT_PREEMPTED` (75; hvdtrain/loop/boundary.py). A rank
+rank exits with :data:`hvdtrain.config.EXIT_PREEMPTED` (75; hvdtrain/loop/run/boundary.py). A rank
 never stops on its own at a signal: its peers would be left inside their next collective.
 
 A second signal ends the rank at once (``os._exit(128 + signal)``): whatever checkpoint was

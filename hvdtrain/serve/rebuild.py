@@ -9,17 +9,12 @@ line naming the first parameter that does not fit.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict
 
 import mxnet as mx
 
-from ..config import ConfigError
+from ..loop.weights.files import WeightsError, read_params
 from ..models import build_model
-
-
-class WeightsError(ConfigError):
-    """A parameter file that does not hold the card's model; the message says how."""
 
 
 def input_shape(card: Dict, batch: int = 1) -> tuple:
@@ -39,7 +34,8 @@ def rebuild(card: Dict, params_path: str) -> mx.gluon.HybridBlock:
 def load_checked(net, params_path: str, card: Dict) -> None:
     """Set every parameter of `net` from `params_path` (Gluon ``save_parameters`` format),
     after checking that the file holds exactly these names and shapes."""
-    saved = _read(params_path)
+    saved = read_params(params_path, advice="copy it again, or export another checkpoint of "
+                                             "the run")
     wanted = net._collect_params_with_prefix()  # pylint: disable=protected-access
     missing = [name for name in wanted if name not in saved]
     extra = [name for name in saved if name not in wanted]
@@ -59,20 +55,6 @@ def load_checked(net, params_path: str, card: Dict) -> None:
             f"were these weights written by another model?")
     for name, param in wanted.items():
         param.set_data(saved[name].astype(param.dtype))
-
-
-def _read(path: str) -> Dict[str, mx.nd.NDArray]:
-    try:
-        saved = mx.nd.load(path)
-    except mx.base.MXNetError:
-        size = os.path.getsize(path) if os.path.isfile(path) else 0
-        raise WeightsError(f"{path} ({size} bytes) is truncated or not an MXNet parameter "
-                           f"file: MXNet cannot read it; copy it again, or export another "
-                           f"checkpoint of the run") from None
-    if not isinstance(saved, dict) or not saved:
-        raise WeightsError(f"{path} holds no named parameters (not written by Gluon's "
-                           f"save_parameters)")
-    return saved
 
 
 def _dims(shape) -> str:

@@ -15,7 +15,7 @@ from typing import Dict
 
 from ..config import ConfigError
 from ..data.card import CARD_FILE, check_card, read_card
-from ..loop.ema import EMA_PARAMS, FINAL_EMA_PARAMS
+from ..loop.recipe.ema import EMA_PARAMS, FINAL_EMA_PARAMS
 from ..state.checkpoint_files import (CHECKPOINTS, META, PARAMS, complete_checkpoints,
                                       read_meta)
 

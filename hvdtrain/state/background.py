@@ -6,7 +6,7 @@ Training stalls only for the copy; the write (files fsynced, the folder renamed 
 unchanged) runs beside the next steps. A process killed during the write leaves a hidden
 temporary folder, never a newest checkpoint that is incomplete. A write that fails (a full
 disk) is kept, not raised in the thread: the training loop learns of it at the next step
-boundary, on every rank at once (hvdtrain/loop/boundary.py), or when it waits for the write.
+boundary, on every rank at once (hvdtrain/loop/run/boundary.py), or when it waits for the write.
 """
 from __future__ import annotations
 

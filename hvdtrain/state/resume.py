@@ -119,7 +119,7 @@ def resumed_state(path: str, meta: Dict, trainer, dist, cfg: TrainConfig, worker
     saved_batch, saved_workers = meta.get("global_batch"), meta.get("num_workers")
     saved_accumulate = int(meta.get("config", {}).get("accumulate", 1))
     # Under --elastic the world size changes by design, and each reset logs the new global
-    # batch (loop/elastic_fit.py): a worker joining a running job would warn here wrongly.
+    # batch (loop/elastic/fit.py): a worker joining a running job would warn here wrongly.
     if saved_batch not in (None, global_batch) and not cfg.elastic:
         saved_per_worker = saved_batch // (saved_workers * saved_accumulate) \
             if saved_workers else "?"

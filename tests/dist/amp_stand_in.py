@@ -6,7 +6,7 @@ MXNet 1.9.1 has no float16 CPU kernels, so ``--amp`` is refused on a CPU. What d
 whether replicas stay one model under AMP is not float16 but the loss scale: each backward
 pass runs on losses multiplied by it (``amp.scale_loss``, MXNet's own), and each update
 divides the summed gradients by it and skips itself when the scaler finds an overflow. Here
-the policy is hvdtrain's own AMP policy (:class:`~hvdtrain.loop.precision.Precision` with
+the policy is hvdtrain's own AMP policy (:class:`~hvdtrain.loop.engine.precision.Precision` with
 ``amp=True``), without ``amp.init()`` (no operator is cast to float16) and with a scaler
 whose scale changes every update (2**8, 2**9, 2**10, ...) and which reports an overflow at
 every fifth, the same on every rank (its decision is made from the reduced gradients, which
@@ -19,7 +19,7 @@ from mxnet.contrib.amp.loss_scaler import LossScaler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hvdtrain.loop import precision  # noqa: E402
+from hvdtrain.loop.engine import precision  # noqa: E402
 
 
 class ChangingScaler(LossScaler):

@@ -23,7 +23,7 @@ import time
 
 
 def install(record_dir):
-    import hvdtrain.loop.fit as fit_module
+    import hvdtrain.loop.run.fit as fit_module
 
     original = fit_module.train_epoch
     path = os.path.join(record_dir, f"{os.getpid()}.jsonl")

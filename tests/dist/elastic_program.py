@@ -146,7 +146,7 @@ def main():
         step_samples = lambda: 16  # noqa: E731  (it averages)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if args.state == "gluon":
-        from hvdtrain.loop.elastic import GluonState
+        from hvdtrain.loop.elastic.state import GluonState
         state = GluonState(net, trainer, step=0, resets=0)
     else:
         state = SpikeState(net, trainer, step=0, resets=0)

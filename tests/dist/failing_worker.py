@@ -9,12 +9,12 @@ import os
 
 from mxnet import autograd, gluon
 
-import hvdtrain.loop.fit
+import hvdtrain.loop.run.fit
 from hvdtrain import cli
 
 FAULT = os.environ["HVDTRAIN_FAULT"]
 RANK = os.environ["HVDTRAIN_FAULT_RANK"]
-_train_epoch = hvdtrain.loop.fit.train_epoch  # fit() calls train_epoch by this module's name
+_train_epoch = hvdtrain.loop.run.fit.train_epoch  # fit() calls train_epoch by this module's name
 
 
 def train_epoch(loop, loader, state):
@@ -38,7 +38,7 @@ def poisoned_forward(self, pred, label):
 
 
 if FAULT == "raise":
-    hvdtrain.loop.fit.train_epoch = train_epoch
+    hvdtrain.loop.run.fit.train_epoch = train_epoch
 elif FAULT == "nan":
     gluon.loss.SoftmaxCrossEntropyLoss.forward = poisoned_forward
 cli.run()

@@ -21,7 +21,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 import hvdtrain  # noqa: F401  registers 'horovod'
-from hvdtrain.loop.clipping import GradClipper
+from hvdtrain.loop.recipe.clipping import GradClipper
 from hvdtrain.store.buckets import BucketedTrainer
 from hvdtrain.store.dist import DistContext
 from hvdtrain.store.gluon_internals import set_up_store

@@ -17,7 +17,7 @@ import time
 
 import hvdtrain.cli
 import hvdtrain.job
-import hvdtrain.loop.fit
+import hvdtrain.loop.run.fit
 from hvdtrain.state.background import HostCopy
 from hvdtrain.report.log import launch_rank
 
@@ -62,7 +62,7 @@ def wrap_write(write):
 if AT == "start-up":
     hvdtrain.job.build_dist = wrap_build_dist(hvdtrain.job.build_dist)
 elif AT == "evaluation":
-    hvdtrain.loop.fit.evaluate = wrap_evaluate(hvdtrain.loop.fit.evaluate)
+    hvdtrain.loop.run.fit.evaluate = wrap_evaluate(hvdtrain.loop.run.fit.evaluate)
 if SLOW:
     HostCopy.save_parameters = wrap_write(HostCopy.save_parameters)
 sys.argv = ["hvdtrain"] + sys.argv[1:]

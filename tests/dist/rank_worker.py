@@ -40,10 +40,10 @@ def dump_at_start(fit):
 
 def dump_epochs(out_dir):
     """Wrap the epoch loop and the store's pushpull to dump what HVDTRAIN_DUMP_EPOCHS asks."""
-    import hvdtrain.loop.fit
+    import hvdtrain.loop.run.fit
     from hvdtrain.store.kvstore import HorovodKVStore
     exchanged, now = {}, {"epoch": None}
-    pushpull, train_epoch = HorovodKVStore.pushpull, hvdtrain.loop.fit.train_epoch
+    pushpull, train_epoch = HorovodKVStore.pushpull, hvdtrain.loop.run.fit.train_epoch
 
     def counted(self, key, value, out=None, priority=0):
         arrays = value if isinstance(value, (list, tuple)) else [value]
@@ -62,7 +62,7 @@ def dump_epochs(out_dir):
         return stats
 
     HorovodKVStore.pushpull = counted
-    hvdtrain.loop.fit.train_epoch = epoch
+    hvdtrain.loop.run.fit.train_epoch = epoch
 
 
 def main():

@@ -99,7 +99,7 @@ def test_the_reference_tells_a_wrong_divisor_apart(monkeypatch):
     """The comparison above can fail: the same training stepped with the micro-batch (32)
     as divisor instead of the step's 128 samples parts from hvdtrain's by far more than the
     tolerance. (Shown on the code as well: dividing by ``step_samples / 4`` in
-    hvdtrain/loop/epoch.py fails the test above.)"""
+    hvdtrain/loop/engine/epoch.py fails the test above.)"""
     micro, initial = hvdtrain_run(monkeypatch, TrainConfig(batch_size=32, accumulate=4,
                                                            epochs=1, **BASE))
     reference, _ = large_batches(initial, 128, 1, lr_for_step=lambda k: LR * 4)
@@ -153,7 +153,7 @@ def test_accumulate_is_refused_below_one_and_with_dist_async():
 
 
 def test_every_sample_enters_one_step_and_the_last_step_takes_the_rest(monkeypatch):
-    from hvdtrain.loop import fit as fit_module
+    from hvdtrain.loop.run import fit as fit_module
     from hvdtrain.store.buckets import BucketedTrainer
     step_batches, epochs = [], []
     real_step, real_epoch = BucketedTrainer.step, fit_module.train_epoch

@@ -15,7 +15,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from helpers import REPO
-from hvdtrain.loop.boundary import host_copy
+from hvdtrain.loop.run.boundary import host_copy
 from hvdtrain.state import checkpoint as ckpt
 from hvdtrain.state.background import HostCopy
 from hvdtrain.state.checkpoint import Checkpointer
@@ -73,7 +73,7 @@ def test_a_background_save_writes_the_bytes_gluon_writes(optimizer, tmp_path, mo
 
 def test_a_save_inside_an_epoch_can_write_other_running_statistics(tmp_path):
     """A mid-epoch save writes the running statistics averaged over the ranks while each
-    rank trains on with its own (loop/boundary.py): `replace` takes their place in the file
+    rank trains on with its own (loop/run/boundary.py): `replace` takes their place in the file
     only."""
     net, trainer = trained_bn_net()
     name = [n for n in net._collect_params_with_prefix() if n.endswith("running_mean")][0]
@@ -114,7 +114,7 @@ KILLED_WRITER = """
 import os, sys, time
 sys.path[:0] = [{repo!r}, {repo!r} + "/tests", {tests!r}]
 from test_background_save import trained_bn_net
-from hvdtrain.loop.boundary import host_copy
+from hvdtrain.loop.run.boundary import host_copy
 from hvdtrain.state import checkpoint as ckpt
 from hvdtrain.state.background import HostCopy
 from hvdtrain.state.checkpoint import Checkpointer

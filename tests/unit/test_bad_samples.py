@@ -12,9 +12,9 @@ from helpers import main_in_process
 from hvdtrain.data.images import FolderSplit
 from hvdtrain.data.sampler import SplitSampler
 from hvdtrain.data.streamed import ImageLoader
-from hvdtrain.loop.batches import split_batch
-from hvdtrain.loop.counts import StepCounts, allowed_bad, check_bad_samples
-from hvdtrain.loop.evaluate import predicted_classes
+from hvdtrain.loop.engine.batches import split_batch
+from hvdtrain.loop.engine.counts import StepCounts, allowed_bad, check_bad_samples
+from hvdtrain.loop.engine.evaluate import predicted_classes
 from hvdtrain.data.datasets import DatasetError
 from hvdtrain.store.dist import DistContext
 

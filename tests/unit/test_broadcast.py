@@ -167,7 +167,7 @@ def test_an_elastic_sync_through_small_chunks_gives_the_joiner_rank_zeros_state(
     """GluonState's sync over the chunked broadcast (64-byte chunks, so every array and the
     Adam blob span several): the joiner then trains exactly as rank 0 does."""
     from mxnet import autograd, gluon
-    from hvdtrain.loop.elastic import GluonState
+    from hvdtrain.loop.elastic.state import GluonState
 
     def build(seed):
         mx.random.seed(seed)

@@ -20,11 +20,11 @@ from plain_gluon import arrays, recorded_initialisation
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
 from hvdtrain.data.load import load_dataset
-from hvdtrain.loop.build import build_loaders, build_trainer
-from hvdtrain.loop.clipping import GradClipper
-from hvdtrain.loop.epoch import Loop, train_epoch
-from hvdtrain.loop.guard import FiniteGuard
-from hvdtrain.loop.precision import Precision
+from hvdtrain.loop.engine.build import build_loaders, build_trainer
+from hvdtrain.loop.recipe.clipping import GradClipper
+from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.loop.engine.guard import FiniteGuard
+from hvdtrain.loop.engine.precision import Precision
 from hvdtrain.models import build_model
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext

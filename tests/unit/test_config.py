@@ -53,7 +53,7 @@ def test_replace_validates():
 def test_half_precision_refused_on_cpu_devices():
     import mxnet as mx
 
-    from hvdtrain.loop.precision import Precision
+    from hvdtrain.loop.engine.precision import Precision
     Precision.of(TrainConfig(dataset="digits")).check_devices([mx.cpu()])
     with pytest.raises(ConfigError, match="need a GPU"):
         Precision.of(TrainConfig(dataset="digits", amp=True)).check_devices([mx.cpu()])
@@ -66,7 +66,7 @@ def test_one_precision_policy_answers_every_builder():
     import mxnet as mx
     import numpy as np
 
-    from hvdtrain.loop.precision import Precision
+    from hvdtrain.loop.engine.precision import Precision
     half = Precision.of(TrainConfig(dataset="digits", dtype="float16"))
     assert half.half and half.optimizer_options() == {"multi_precision": True}
     assert half.input_dtype == "float16"

@@ -14,7 +14,7 @@ from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 from mxnet import autograd, gluon
 
-from hvdtrain.loop.elastic import GluonState
+from hvdtrain.loop.elastic.state import GluonState
 from hvdtrain.runtime.elastic_run import drain_engine
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.buckets import BucketedTrainer
@@ -33,7 +33,7 @@ def build_net():
     net.initialize(mx.init.Xavier())
     for param in net.collect_params().values():
         if param.grad_req != "null":
-            param.grad_req = "add"  # what --accumulate sets (loop/batches.py)
+            param.grad_req = "add"  # what --accumulate sets (loop/engine/batches.py)
     return net
 
 
@@ -92,7 +92,7 @@ def train_with_one_failure(kind):
                        get_rank=lambda: 0)
     failed = []
 
-    def train(state):  # as loop/epoch.py steps, a commit every COMMIT_EVERY steps
+    def train(state):  # as loop/engine/epoch.py steps, a commit every COMMIT_EVERY steps
         while state.position.step < STEPS:
             step = state.position.step
             for k in range(ACCUMULATE):
@@ -101,7 +101,7 @@ def train_with_one_failure(kind):
                     failed.append(step)
                     raise HorovodInternalError("a peer was lost mid-accumulation")
             trainer.step(ACCUMULATE * BATCH)
-            net.collect_params().zero_grad()  # loop/batches.py's clear_gradients
+            net.collect_params().zero_grad()  # loop/engine/batches.py's clear_gradients
             state.position.step += 1
             if state.position.step % COMMIT_EVERY == 0:
                 state.commit()

@@ -10,7 +10,7 @@ import pytest
 from mxnet import autograd, gluon
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
-from hvdtrain.loop.elastic import GluonState
+from hvdtrain.loop.elastic.state import GluonState
 from hvdtrain.store.kvstore import HorovodKVStore
 from hvdtrain.state.train_state import TrainState
 

@@ -129,9 +129,9 @@ def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
     """``fit`` (one process, digits, --accumulate 2) calls the commit hook after every
     optimizer step but an epoch's last, and at each epoch's end before and after its
     outputs (metrics record, checkpoint)."""
-    from hvdtrain.loop.fit import Outputs, fit
+    from hvdtrain.loop.run.fit import Outputs, fit
     from hvdtrain.data.load import load_dataset
-    from hvdtrain.loop.build import build_trainer, initialize
+    from hvdtrain.loop.engine.build import build_trainer, initialize
     from hvdtrain.models import build_model
     from hvdtrain.report.log import MetricsWriter
     from hvdtrain.store.dist import DistContext
@@ -201,9 +201,9 @@ def _elastic_fit_in_process(tmp_path, flags, signals=None):
     """``fit`` as an elastic run calls it (a commit hook), one process, digits; returns the
     hook's calls and the checkpoint folder's names."""
     from hvdtrain.state.checkpoint import Checkpointer
-    from hvdtrain.loop.fit import Outputs, fit
+    from hvdtrain.loop.run.fit import Outputs, fit
     from hvdtrain.data.load import load_dataset
-    from hvdtrain.loop.build import build_trainer, initialize
+    from hvdtrain.loop.engine.build import build_trainer, initialize
     from hvdtrain.models import build_model
     from hvdtrain.report.log import MetricsWriter
     from hvdtrain.store.dist import DistContext
@@ -245,7 +245,7 @@ def test_an_elastic_run_stops_on_a_signal_with_a_checkpoint(tmp_path):
     """A stop signal (noted by any rank) stops an elastic run as any run: at the step
     boundary, with the checkpoint saved, Preempted (exit 75). Before, elastic runs
     installed no handler: a preemption lost everything since the last epoch's end."""
-    from hvdtrain.loop.together import Preempted
+    from hvdtrain.loop.run.together import Preempted
 
     class Asked:
         received = "SIGTERM"

@@ -12,8 +12,8 @@ import pytest
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
 from hvdtrain.data.load import load_dataset
-from hvdtrain.loop.ema import WeightAverage
-from hvdtrain.loop.elastic import GluonState
+from hvdtrain.loop.recipe.ema import WeightAverage
+from hvdtrain.loop.elastic.state import GluonState
 from hvdtrain.models import build_model
 
 RUN = dict(dataset="digits", no_cuda=True, kvstore="none", model="bn_cnn", batch_size=64,

@@ -2,7 +2,7 @@ import mxnet as mx
 import pytest
 
 from hvdtrain.store.dist import DistContext
-from hvdtrain.loop.guard import FiniteGuard, NonFiniteLoss
+from hvdtrain.loop.engine.guard import FiniteGuard, NonFiniteLoss
 
 
 def test_guard_names_the_first_bad_step_and_checks_on_schedule():

@@ -6,7 +6,7 @@ import os
 from types import SimpleNamespace
 
 from helpers import bad_copy, main_in_process
-from hvdtrain.loop.fit import count_skipped
+from hvdtrain.loop.run.fit import count_skipped
 
 ARGS = ["--no-cuda", "--kvstore", "none", "--image-size", "16", "--batch-size", "64",
         "--model", "pool_cnn", "--log-interval", "0", "--data-workers", "1"]

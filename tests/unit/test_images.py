@@ -174,8 +174,8 @@ def test_layout_errors_are_one_line_and_exit_2(digit_images, tmp_path, kind, bre
 
 
 def test_label_smoothing_and_top5_against_numpy():
-    from hvdtrain.loop.epoch import training_loss
-    from hvdtrain.loop.evaluate import top5_correct
+    from hvdtrain.loop.engine.epoch import training_loss
+    from hvdtrain.loop.engine.evaluate import top5_correct
     rng = np.random.default_rng(0)
     logits, labels = rng.normal(size=(6, 7)).astype(np.float32), np.arange(6) % 7
     loss = training_loss(0.1)(mx.nd.array(logits), mx.nd.array(labels)).asnumpy()

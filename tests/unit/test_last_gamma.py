@@ -12,7 +12,7 @@ from mxnet import autograd
 from mxnet.gluon.model_zoo.vision import resnet
 
 from hvdtrain.config import ZOO_MODELS
-from hvdtrain.loop.last_gamma import last_batchnorms, zero_last_gammas
+from hvdtrain.loop.recipe.last_gamma import last_batchnorms, zero_last_gammas
 from hvdtrain.models import build_model
 
 RESNETS = [m for m in ZOO_MODELS if m.startswith("resnet")]

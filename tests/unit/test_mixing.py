@@ -15,7 +15,7 @@ from PIL import Image
 
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
-from hvdtrain.loop.mixing import MixDraw, Mixing, mixed_batch
+from hvdtrain.loop.recipe.mixing import MixDraw, Mixing, mixed_batch
 
 CLASSES = 7
 

@@ -52,7 +52,7 @@ def test_several_devices_without_a_store_are_refused():
 def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
     from mxnet import autograd
     from hvdtrain.models import build_model
-    from hvdtrain.loop.batches import zero_gradients
+    from hvdtrain.loop.engine.batches import zero_gradients
 
     net = build_model("bn_cnn", classes=10)
     net.initialize()
@@ -76,7 +76,7 @@ def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
 def test_half_batches_are_cast_on_the_device_not_in_numpy(monkeypatch):
     """--dtype float16: the batch is copied as the loader made it (float32) and cast by an
     engine operation on the device; a numpy cast on the main thread costs about a GPU step."""
-    from hvdtrain.loop import batches
+    from hvdtrain.loop.engine import batches
     made = []
     real_array = mx.nd.array
 

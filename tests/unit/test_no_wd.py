@@ -12,8 +12,8 @@ import pytest
 from mxnet import autograd, gluon
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.loop.build import build_trainer
-from hvdtrain.loop.weight_decay import undecayed_params
+from hvdtrain.loop.engine.build import build_trainer
+from hvdtrain.loop.recipe.weight_decay import undecayed_params
 from hvdtrain.models import build_model
 from hvdtrain.store.dist import DistContext
 

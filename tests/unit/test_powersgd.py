@@ -184,7 +184,7 @@ def test_steps_before_the_start_and_alone_go_whole():
 
 
 def test_an_elastic_restore_resets_the_errors_and_q(store):
-    from hvdtrain.loop.elastic import GluonState
+    from hvdtrain.loop.elastic.state import GluonState
     from hvdtrain.state.train_state import TrainState
     net = dense_net()
     compression = PowerSGD(rank=2, start_step=0, seed=3)
@@ -229,8 +229,8 @@ def test_a_step_no_rank_had_a_sample_for_counts_as_a_step(store):
     """No update runs at such a step, nor an exchange; PowerSGD still counts it, so that its
     count is the run's step count, which a resume continues it from (the checkpoint's step):
     otherwise --powersgd-start-step would flip at another step after a resume."""
-    from hvdtrain.loop.epoch import Loop, train_epoch
-    from hvdtrain.loop.guard import FiniteGuard
+    from hvdtrain.loop.engine.epoch import Loop, train_epoch
+    from hvdtrain.loop.engine.guard import FiniteGuard
     from hvdtrain.state.train_state import TrainState
     from hvdtrain.store.dist import DistContext
     net = dense_net()

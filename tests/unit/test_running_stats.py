@@ -5,7 +5,7 @@ from mxnet import autograd
 
 from hvdtrain.store.dist import DistContext
 from hvdtrain.models import build_model
-from hvdtrain.loop.replicas import average_running_stats, running_statistics
+from hvdtrain.loop.engine.replicas import average_running_stats, running_statistics
 
 DEVICES = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
 

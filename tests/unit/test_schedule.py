@@ -1,6 +1,6 @@
 import pytest
 
-from hvdtrain.loop.schedule import effective_base_lr, lr_at
+from hvdtrain.loop.engine.schedule import effective_base_lr, lr_at
 
 
 def test_constant_without_warmup_or_decay():

@@ -70,8 +70,8 @@ def test_an_exported_model_loads(start, tmp_path, form, five):
 
 def test_older_gluon_names_without_the_models_prefix_load(tmp_path):
     """ParameterDict.save(strip_prefix=...): the form of Gluon's first model-zoo files."""
-    from hvdtrain.loop.start_weights import load_start_weights
-    from hvdtrain.loop.weights_file import read
+    from hvdtrain.loop.weights.start import load_start_weights
+    from hvdtrain.loop.weights.files import read
     source = made("mobilenet0.25", 4, (3, 16, 16))
     path = str(tmp_path / "legacy.params")
     source.collect_params().save(path, strip_prefix=source.prefix)

@@ -67,11 +67,11 @@ def test_weights_that_do_not_fit_are_one_line(case, tmp_path, capfd, five):
     elif case == "truncated":
         made("pool_cnn", 5, (3, 16, 16)).save_parameters(str(path))
         path.write_bytes(path.read_bytes()[:os.path.getsize(path) // 2])
-        needle = (f"--init-from {path}: {path} is not a readable MXNet parameter file "
-                  f"(truncated or another format): ")
+        needle = (f"--init-from {path}: {path} ({os.path.getsize(path)} bytes) is truncated or "
+                  f"not an MXNet parameter file: MXNet cannot read it")
     elif case == "not a parameter file":
         path.write_text("hello")
-        needle = "is not a readable MXNet parameter file (truncated or another format)"
+        needle = "(5 bytes) is truncated or not an MXNet parameter file: MXNet cannot read it"
     elif case == "no weights in the folder":
         path = tmp_path
         needle = (f"--init-from {tmp_path} holds no weights: no complete checkpoint, "

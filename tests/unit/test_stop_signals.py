@@ -13,8 +13,8 @@ from mxnet import gluon
 
 from helpers import REPO, main_in_process
 from hvdtrain.cli import parse_config
-from hvdtrain.loop.boundary import Boundary
-from hvdtrain.loop.together import Preempted, StoppedTogether
+from hvdtrain.loop.run.boundary import Boundary
+from hvdtrain.loop.run.together import Preempted, StoppedTogether
 from hvdtrain.options import interval_of
 from hvdtrain.runtime.lifeline import EXIT_LAUNCHER_GONE, Ancestor, LauncherWatch
 from hvdtrain.runtime.stop_signals import REPEAT_WINDOW, StopSignals

@@ -2,7 +2,7 @@
 import mxnet as mx
 import pytest
 
-from hvdtrain.loop.together import StoppedTogether, write_together
+from hvdtrain.loop.run.together import StoppedTogether, write_together
 from hvdtrain.state.writes import OutputError
 from hvdtrain.store.dist import DistContext
 

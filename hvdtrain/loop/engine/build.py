@@ -1,4 +1,4 @@
-"""The builders a job calls before :func:`~hvdtrain.loop.fit.fit`: the trainer, the model's
+"""The builders a job calls before :func:`~hvdtrain.loop.run.fit.fit`: the trainer, the model's
 initialisation and first broadcast, and the loaders of this rank's share of the data."""
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import precision
-from ..config import TrainConfig
-from ..store.dist import DistContext
-from ..store.buckets import BucketedTrainer
-from ..store.powersgd import PowerSGD
-from ..store.gluon_internals import set_up_store
-from ..data.loader import BatchLoader
-from ..data.streamed import ImageLoader
-from ..data.transforms import Augment
-from ..data.sampler import SplitSampler
+from ...config import TrainConfig
+from ...store.dist import DistContext
+from ...store.buckets import BucketedTrainer
+from ...store.powersgd import PowerSGD
+from ...store.gluon_internals import set_up_store
+from ...data.loader import BatchLoader
+from ...data.streamed import ImageLoader
+from ...data.transforms import Augment
+from ...data.sampler import SplitSampler
 from .batches import accumulate_gradients
 from .schedule import effective_base_lr
-from .weight_decay import exempt_from_weight_decay
+from ..recipe.weight_decay import exempt_from_weight_decay
 
 logger = logging.getLogger("hvdtrain")
 

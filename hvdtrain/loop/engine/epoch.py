@@ -4,7 +4,7 @@ One step: split the batch over the worker's devices, forward and backward under 
 ``trainer.step(global batch)``. With ``accumulate`` N > 1, N micro-batches add their
 gradients (``grad_req='add'``) before one ``step`` over all their samples. The store *sums*
 gradients over workers and ``step`` divides by the samples that contributed on all workers
-together (:class:`~hvdtrain.loop.counts.StepCounts`), so the update uses the gradient
+together (:class:`~hvdtrain.loop.engine.counts.StepCounts`), so the update uses the gradient
 averaged over the global batch, the same divisor on every rank even when a streamed loader
 left an unusable sample out of one rank's batch, and ``--lr`` is the rate for that batch.
 """
@@ -19,20 +19,20 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from . import precision
-from .boundary import Boundary
+from ..run.boundary import Boundary
 from .batches import clear_gradients, split_batch, zero_gradients
-from .clipping import GradClipper
-from .ema import WeightAverage
-from .mixing import Mixing, mixed_batch
+from ..recipe.clipping import GradClipper
+from ..recipe.ema import WeightAverage
+from ..recipe.mixing import Mixing, mixed_batch
 from .counts import StepCounts, check_bad_samples
-from ..store.dist import DistContext
+from ...store.dist import DistContext
 from .evaluate import tally_batch
 from .guard import FiniteGuard
-from ..report.progress import progress_bar
-from ..runtime.watchdog import Watchdog
-from ..state import compression_state
-from ..state.train_state import TrainState
-from ..store.gluon_internals import set_loss_scale
+from ...report.progress import progress_bar
+from ...runtime.watchdog import Watchdog
+from ...state import compression_state
+from ...state.train_state import TrainState
+from ...store.gluon_internals import set_loss_scale
 
 logger = logging.getLogger("hvdtrain")
 
@@ -82,7 +82,7 @@ class Loop:
     # Elastic training's hook, called as commit(state, "step") after every step but an
     # epoch's last (fit calls it at the epoch's end: see fit).
     commit: Optional[Callable[[TrainState, str], None]] = None
-    # Save and stop decisions, voted with each step's counts (loop/boundary.py).
+    # Save and stop decisions, voted with each step's counts (loop/run/boundary.py).
     boundary: Optional[Boundary] = None
     # The training recipe (docs/training.md): --mixup/--cutmix, --clip-grad-norm, --ema.
     mixing: Optional[Mixing] = None

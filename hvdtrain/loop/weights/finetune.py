@@ -25,8 +25,8 @@ from typing import Dict
 
 from mxnet import gluon
 
-from ..config import ConfigError, TrainConfig
-from ..store.gluon_internals import params_by_place
+from ...config import ConfigError, TrainConfig
+from ...store.gluon_internals import params_by_place
 
 logger = logging.getLogger("hvdtrain")
 

@@ -23,9 +23,9 @@ from typing import Callable, List, Optional
 
 import mxnet as mx
 
-from ..config import EXIT_PREEMPTED
-from ..state.writes import OutputError
-from ..store.dist import DistContext
+from ...config import EXIT_PREEMPTED
+from ...state.writes import OutputError
+from ...store.dist import DistContext
 
 logger = logging.getLogger("hvdtrain")
 

@@ -1,7 +1,7 @@
-"""``--elastic``: :func:`~hvdtrain.loop.fit.fit` under Horovod's elastic driver.
+"""``--elastic``: :func:`~hvdtrain.loop.run.fit.fit` under Horovod's elastic driver.
 
 The job runs ``fit`` inside Horovod's elastic loop (:mod:`hvdtrain.runtime.elastic_run`)
-with its state in a :class:`~hvdtrain.loop.elastic.GluonState`. A commit every
+with its state in a :class:`~hvdtrain.loop.elastic.state.GluonState`. A commit every
 ``--commit-every`` steps and at every epoch's end copies the model, the optimizer and the
 position to host memory. When a rank fails, the survivors restore the last commit; when
 the driver adds or removes hosts, the workers keep what they hold. Either way Horovod is
@@ -24,17 +24,17 @@ import logging
 import zlib
 from typing import Callable, List, Optional, Tuple
 
-from ..config import TrainConfig
-from ..report.log import info_on_every_rank, setup_logging
-from ..runtime import elastic_run
-from ..runtime.watchdog import ELASTIC_RESET, Watchdog, gloo_timeout
-from ..store.dist import DistContext
-from ..store.gluon_internals import params_by_place
-from . import precision
-from .elastic import GluonState
-from .fit import Outputs, fit
-from .schedule import effective_base_lr
-from ..state.train_state import TrainState
+from ...config import TrainConfig
+from ...report.log import info_on_every_rank, setup_logging
+from ...runtime import elastic_run
+from ...runtime.watchdog import ELASTIC_RESET, Watchdog, gloo_timeout
+from ...store.dist import DistContext
+from ...store.gluon_internals import params_by_place
+from ..engine import precision
+from .state import GluonState
+from ..run.fit import Outputs, fit
+from ..engine.schedule import effective_base_lr
+from ...state.train_state import TrainState
 
 logger = logging.getLogger("hvdtrain")
 
@@ -72,7 +72,7 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         ``--ema``'s average, committed, restored and synced with the model.
     signals : StopSignals, optional
         This rank's note of a stop request: as in any run, every rank stops at the same
-        step, the checkpoint is saved and :class:`~hvdtrain.loop.together.Preempted` raised.
+        step, the checkpoint is saved and :class:`~hvdtrain.loop.run.together.Preempted` raised.
 
     Returns
     -------

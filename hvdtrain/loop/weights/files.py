@@ -34,11 +34,11 @@ from typing import Dict, List, Optional
 import mxnet as mx
 from mxnet.gluon.model_zoo import model_store
 
-from ..config import ConfigError, TrainConfig
-from ..data.card import CARD_FILE, check_card, read_card
-from ..state.checkpoint_files import META, PARAMS, missing_files, read_meta
-from ..state.resume_from import resume_candidates
-from ..store.gluon_internals import model_store_url
+from ...config import ConfigError, TrainConfig
+from ...data.card import CARD_FILE, check_card, read_card
+from ...state.checkpoint_files import META, PARAMS, missing_files, read_meta
+from ...state.resume_from import resume_candidates
+from ...store.gluon_internals import model_store_url
 
 logger = logging.getLogger("hvdtrain")
 
@@ -215,16 +215,29 @@ def _exported(folder: str) -> Optional[str]:
     return max(next(iter(pairs.values()))) if pairs else None
 
 
-def read(path: str, flag: str) -> WeightsFile:
-    """Read parameter file `path` (every array, by key); a file that is not one, or is cut
-    short, is refused in one line."""
+def read_params(path: str, named: Optional[str] = None,
+                advice: str = "") -> Dict[str, mx.nd.NDArray]:
+    """Every array of parameter file `path` by key, as stored (``features.0.weight``,
+    ``arg:conv0_weight``): the one reader of parameter files, for start weights and exports
+    alike. A file MXNet cannot read (cut short, another format) or one holding no named
+    arrays is refused in one line (:class:`WeightsError`), which starts with `named` (how
+    the user named it, e.g. ``--init-from runs/a``) when given and ends with `advice`."""
+    prefix = f"{named}: " if named and named != path else ""
     try:
         arrays = mx.nd.load(path)
     except Exception as err:  # pylint: disable=broad-except  (MXNetError, OSError)
-        last = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
-        raise WeightsError(f"{flag}: {path} is not a readable MXNet parameter file "
-                           f"(truncated or another format): {last}") from None
+        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        last = last.split("MXNetError: ", 1)[-1][:200]
+        raise WeightsError(f"{prefix}{path} ({size} bytes) is truncated or not an MXNet "
+                           f"parameter file: MXNet cannot read it ({last})"
+                           f"{'; ' + advice if advice else ''}") from None
     if not isinstance(arrays, dict) or not arrays:
-        raise WeightsError(f"{flag}: {path} holds no named parameters (save them with "
+        raise WeightsError(f"{prefix}{path} holds no named parameters (save them with "
                            f"save_parameters or HybridBlock.export)")
-    return WeightsFile(path, flag, arrays)
+    return arrays
+
+
+def read(path: str, flag: str) -> WeightsFile:
+    """Read parameter file `path` (every array, by key), named `flag` in messages."""
+    return WeightsFile(path, flag, read_params(path, flag))

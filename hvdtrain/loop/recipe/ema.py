@@ -12,7 +12,7 @@ No communication: every rank holds the same weights after each update, so every 
 average of them is the same (the same float32 operations on the same values). The running
 statistics are the exception: between two evaluations each rank moves its own from its own
 part of the batch. Their averages are therefore averaged over the ranks wherever the model's
-own statistics are (:func:`hvdtrain.loop.replicas.average_running_stats`, in the same
+own statistics are (:func:`hvdtrain.loop.engine.replicas.average_running_stats`, in the same
 collective); as the average is linear, that gives the moving average of the rank-averaged
 statistics, the same on every rank. With several devices per worker the average follows the
 first device's copy.
@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import mxnet as mx
 import numpy as np
 
-from ..store.gluon_internals import is_statistic, params_by_place
+from ...store.gluon_internals import is_statistic, params_by_place
 
 logger = logging.getLogger("hvdtrain")
 
@@ -157,7 +157,7 @@ class WeightAverage:
     def applied(self):
         """Meanwhile the model holds the average (in every device copy); its own values
         are put back after. Every device copy of the model must hold the same values
-        (as after :func:`~hvdtrain.loop.replicas.average_running_stats`)."""
+        (as after :func:`~hvdtrain.loop.engine.replicas.average_running_stats`)."""
         mx.nd.waitall()  # statistics written by a static graph's backward: see _after_backward
         own = {n: self.params[n].list_data()[0].copy() for n in self.names}
         try:

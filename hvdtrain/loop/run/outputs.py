@@ -1,5 +1,5 @@
 """What a run writes as it trains (rank 0 alone): metrics records, TensorBoard scalars and
-checkpoints, and the figures its records share. :func:`hvdtrain.loop.fit.fit` decides when.
+checkpoints, and the figures its records share. :func:`hvdtrain.loop.run.fit.fit` decides when.
 """
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import List, Optional, Tuple
 
 import mxnet as mx
 
-from ..report.log import MetricsWriter
-from ..report.progress import TensorBoardWriter
-from ..runtime.watchdog import Watchdog
-from ..state.checkpoint import Checkpointer
-from ..state.checkpoint_files import CHECKPOINTS
-from ..state.train_state import TrainState
-from ..state.writes import OutputError
-from ..store.dist import DistContext
+from ...report.log import MetricsWriter
+from ...report.progress import TensorBoardWriter
+from ...runtime.watchdog import Watchdog
+from ...state.checkpoint import Checkpointer
+from ...state.checkpoint_files import CHECKPOINTS
+from ...state.train_state import TrainState
+from ...state.writes import OutputError
+from ...store.dist import DistContext
 
 logger = logging.getLogger("hvdtrain")
 

@@ -26,9 +26,9 @@ from typing import List
 
 import mxnet as mx
 
-from ..store.buckets import BucketedTrainer
-from ..store.dist import DistContext
-from ..store.gluon_internals import gradient_scale, set_step_divisor
+from ...store.buckets import BucketedTrainer
+from ...store.dist import DistContext
+from ...store.gluon_internals import gradient_scale, set_step_divisor
 
 EPS = 1e-6  # torchvision's, added to the norm before dividing
 CHUNK = 2 ** 20  # values per float32 dot product of the norm

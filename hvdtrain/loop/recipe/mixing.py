@@ -158,7 +158,7 @@ def _rolled(batch: mx.nd.NDArray) -> mx.nd.NDArray:
 def mixed_batch(mixing: Mixing, draw: MixDraw, images: np.ndarray, labels: np.ndarray,
                 devices, dtype: str = "float32"):
     """One numpy batch mixed as a whole on the worker's first device, then split over its
-    devices as :func:`~hvdtrain.loop.batches.split_batch` splits a plain one.
+    devices as :func:`~hvdtrain.loop.engine.batches.split_batch` splits a plain one.
 
     Returns
     -------

@@ -12,7 +12,7 @@ What one commit holds:
   object itself (update counts, the learning-rate scheduler), as
   ``Trainer.save_states`` would write them, but in memory;
 - AMP's dynamic loss scale (:mod:`hvdtrain.state.loss_scale`);
-- ``--ema``'s moving average of the model, when there is one (:mod:`hvdtrain.loop.ema`);
+- ``--ema``'s moving average of the model, when there is one (:mod:`hvdtrain.loop.recipe.ema`);
 - the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
   of the epoch already trained), plus any plain values passed as keywords.
 
@@ -34,12 +34,12 @@ import mxnet as mx
 import numpy as np
 from horovod.common.elastic import ObjectState
 
-from ..runtime.elastic_run import collective_errors, drain_engine
-from ..state import compression_state
-from ..state.loss_scale import loss_scale_state, restore_loss_scale
-from ..state.train_state import TrainState
-from ..store.broadcast import broadcast_object
-from ..store.gluon_internals import (discard_gradients, optimizer_states, params_by_place,
+from ...runtime.elastic_run import collective_errors, drain_engine
+from ...state import compression_state
+from ...state.loss_scale import loss_scale_state, restore_loss_scale
+from ...state.train_state import TrainState
+from ...store.broadcast import broadcast_object
+from ...store.gluon_internals import (discard_gradients, optimizer_states, params_by_place,
                                      set_optimizer_states, skip_first_step_broadcast, store_of,
                                      updates_on_store)
 

@@ -27,7 +27,7 @@ from typing import List
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo.vision import resnet
 
-from ..config import ConfigError
+from ...config import ConfigError
 
 logger = logging.getLogger("hvdtrain")
 

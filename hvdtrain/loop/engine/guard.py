@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import mxnet as mx
 
-from ..store.dist import DistContext
+from ...store.dist import DistContext
 
 
 class NonFiniteLoss(RuntimeError):

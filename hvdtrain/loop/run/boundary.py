@@ -2,7 +2,7 @@
 stop now, or stop because rank 0's background write failed.
 
 Each rank casts a vote of four numbers with the sample counts it sums over the workers every
-step (:class:`~hvdtrain.loop.counts.StepCounts`: one small allreduce, issued before the
+step (:class:`~hvdtrain.loop.engine.counts.StepCounts`: one small allreduce, issued before the
 step's last forward pass so it completes under the compute). The numbers are
 
 - ``stop``: this rank was asked to stop (a signal, its launcher gone; runtime/stop_signals.py);
@@ -30,12 +30,12 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import mxnet as mx
 
-from ..options import interval_of
-from ..state.background import HostCopy
-from ..state.writes import OutputError
-from ..store.dist import DistContext
-from ..store.gluon_internals import host_arrays, optimizer_states_later, params_by_place
-from .replicas import averaged_running_stats
+from ...options import interval_of
+from ...state.background import HostCopy
+from ...state.writes import OutputError
+from ...store.dist import DistContext
+from ...store.gluon_internals import host_arrays, optimizer_states_later, params_by_place
+from ..engine.replicas import averaged_running_stats
 from .together import Preempted, leave_together, stopped_by_failed_write, write_together
 
 logger = logging.getLogger("hvdtrain")
@@ -48,7 +48,7 @@ def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -
     state, copied to host memory: all a checkpoint holds, taken while training waits (memory
     copies only: the optimizer state is serialised by the write)."""
     # Writes MXNet's engine does not track (BatchNorm's running statistics under static
-    # allocation: loop/replicas.py) must be done before the copy reads them.
+    # allocation: loop/engine/replicas.py) must be done before the copy reads them.
     mx.nd.waitall()
     arrays = host_arrays(net)
     for name, value in (replace or {}).items():

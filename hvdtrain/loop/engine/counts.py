@@ -8,7 +8,7 @@ apply different updates to the same sum and drift apart. :class:`StepCounts` sum
 (used, skipped) over the workers once per step: one exact allreduce of two numbers, issued
 before the step's last forward pass so that it completes under the compute, and read when
 the update needs it. The same exchange carries every rank's vote on whether to save or stop
-at this step (hvdtrain/loop/boundary.py), so it runs in every synchronous run of more than one
+at this step (hvdtrain/loop/run/boundary.py), so it runs in every synchronous run of more than one
 worker that votes (all but ``--elastic``), in-memory datasets included (whose batches have the
 same size on every rank): its cost is in docs/performance.md ("The step's own allreduce").
 """
@@ -19,8 +19,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import mxnet as mx
 
-from ..data.datasets import DatasetError
-from ..store.dist import DistContext
+from ...data.datasets import DatasetError
+from ...store.dist import DistContext
 
 EXAMPLES = 3  # unusable samples named in the error that ends a job
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mxnet import autograd
 
-from ..config import HALF_NEEDS_GPU, ConfigError, TrainConfig
+from ...config import HALF_NEEDS_GPU, ConfigError, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 worst-classified samples, over all ranks.
 
 Each rank scores its shard of the validation split (every sample on exactly one rank, as
-:func:`~hvdtrain.loop.evaluate.evaluate` does), then the ranks sum what they found: the
+:func:`~hvdtrain.loop.engine.evaluate.evaluate` does), then the ranks sum what they found: the
 confusion matrix, the top-5 hits and loss, and a table in which each rank fills its own rows
 with its `worst` highest-loss samples, so that every rank holds the same report. Training's
 per-epoch evaluation stays the cheap one: this one reads every batch's scores on the host.
@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from .batches import split_batch
-from ..store.dist import DistContext
+from ...store.dist import DistContext
 
 WORST = 20  # samples listed as the worst classified
 

@@ -1,6 +1,6 @@
-""":func:`fit`: runs epochs of :mod:`hvdtrain.loop.epoch`, evaluates and writes the outputs.
+""":func:`fit`: runs epochs of :mod:`hvdtrain.loop.engine.epoch`, evaluates and writes the outputs.
 It sees a Gluon ``Trainer`` and a :class:`DistContext`, never a backend; what it is handed is
-made by :mod:`hvdtrain.loop.build`.
+made by :mod:`hvdtrain.loop.engine.build`.
 """
 from __future__ import annotations
 
@@ -9,27 +9,27 @@ import sys
 import time
 from typing import Callable, Optional
 
-from . import precision
-from ..config import TrainConfig
-from ..data.datasets import Dataset
-from ..store.dist import DistContext
-from .build import build_loaders
-from .counts import check_bad_samples
+from ..engine import precision
+from ...config import TrainConfig
+from ...data.datasets import Dataset
+from ...store.dist import DistContext
+from ..engine.build import build_loaders
+from ..engine.counts import check_bad_samples
 from .boundary import Boundary
-from .epoch import Loop, train_epoch
-from .recipe import Recipe, log_suffix
-from .finetune import apply_phase
+from ..engine.epoch import Loop, train_epoch
+from ..recipe.parts import Recipe, log_suffix
+from ..weights.finetune import apply_phase
 from .outputs import (Outputs, checkpoint, count_skipped, figures, finish_writing,  # noqa: F401
                       write_epoch)
-from ..state.train_state import TrainState
-from .evaluate import evaluate
-from .guard import FiniteGuard
+from ...state.train_state import TrainState
+from ..engine.evaluate import evaluate
+from ..engine.guard import FiniteGuard
 from .together import write_together
-from .replicas import average_running_stats
-from ..report.progress import summary_lines
-from .schedule import effective_base_lr, lr_at
-from ..runtime.stop_signals import StopSignals
-from ..runtime.watchdog import Watchdog
+from ..engine.replicas import average_running_stats
+from ...report.progress import summary_lines
+from ..engine.schedule import effective_base_lr, lr_at
+from ...runtime.stop_signals import StopSignals
+from ...runtime.watchdog import Watchdog
 
 logger = logging.getLogger("hvdtrain")
 
@@ -89,8 +89,8 @@ def fit(net, trainer, data: Dataset, devices, dist: DistContext, cfg: TrainConfi
     ``"epoch done"`` once an epoch is trained and evaluated, before its outputs are written,
     and ``"epoch written"`` after them. `signals` notes this rank's stop requests: when any
     rank has one, every rank stops at the same step boundary, the checkpoint is saved, and
-    :class:`~hvdtrain.loop.together.Preempted` is raised (loop/boundary.py). `ema` is the
-    job's :class:`~hvdtrain.loop.ema.WeightAverage` (``--ema``; made here from the model when
+    :class:`~hvdtrain.loop.run.together.Preempted` is raised (loop/run/boundary.py). `ema` is the
+    job's :class:`~hvdtrain.loop.recipe.ema.WeightAverage` (``--ema``; made here from the model when
     not given)."""
     state = state or TrainState()
     outputs = outputs or Outputs()

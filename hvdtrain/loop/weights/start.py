@@ -12,7 +12,7 @@ The rules:
 - every array of the file has a place in the net, and every place outside the output layer
   is in the file with the net's shape; anything else is weights for another architecture,
   refused in one line naming the first misfit (nothing is guessed);
-- the output layer (:func:`~hvdtrain.loop.finetune.output_layer`) is replaced, keeping the
+- the output layer (:func:`~hvdtrain.loop.weights.finetune.output_layer`) is replaced, keeping the
   fresh values the net was initialised with, when its shape in the file differs in the class
   axis only, when the source names other classes than the data, or when the file has none;
   the file's own is then left out. A class count that differs on a net whose output layer
@@ -26,9 +26,9 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
-from ..store.gluon_internals import params_by_place
+from ...store.gluon_internals import params_by_place
 from .finetune import output_layer
-from .weights_file import WeightsError, WeightsFile
+from .files import WeightsError, WeightsFile
 
 logger = logging.getLogger("hvdtrain")
 

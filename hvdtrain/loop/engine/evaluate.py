@@ -8,7 +8,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from .batches import split_batch
-from ..store.dist import DistContext
+from ...store.dist import DistContext
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import List, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..store.dist import DistContext
-from ..store.gluon_internals import is_statistic
+from ...store.dist import DistContext
+from ...store.gluon_internals import is_statistic
 
 COLLECTIVE_NAME = "running_stats"
 

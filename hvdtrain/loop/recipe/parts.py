@@ -1,4 +1,4 @@
-"""The training recipe's parts a run carries through :func:`~hvdtrain.loop.fit.fit`: the
+"""The training recipe's parts a run carries through :func:`~hvdtrain.loop.run.fit.fit`: the
 mixing of batches, gradient clipping and the moving average, with what each adds to an
 epoch's metrics record, its log line and its checkpoint. (``--no-wd`` and ``--last-gamma``
 act once, when the trainer and the model are built: :mod:`.weight_decay`,
@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 from .clipping import GradClipper
 from .ema import EMA_PARAMS, WeightAverage
 from .mixing import MEASURES, Mixing
-from .schedule import warmup_steps
+from ..engine.schedule import warmup_steps
 
 logger = logging.getLogger("hvdtrain")
 
