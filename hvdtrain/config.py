@@ -48,46 +48,23 @@ ZOO_MODELS = (
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything that decides what a training run does; each field is one option.
-
-    The fields' metadata hold the help text, choices and range of each (see
-    :func:`option`); ``hvdtrain --help`` and README's flag table are made from them. Three
-    that are easy to misread:
+class RunConfig:
+    """What decides how a run trains, for any model: the step (batch, accumulation, clipping,
+    the moving average, the schedule over the optimizer's rate), the distribution (store,
+    wire, PowerSGD, elastic) and the run's outputs and guards (checkpoints, resume, the stall
+    watchdog, the finite check). :class:`~hvdtrain.estimator.Estimator` acts on each field;
+    the ``hvdtrain`` command's :class:`TrainConfig` adds the data, model and optimizer it
+    builds. Each field is one option: its metadata hold the help text, choices and range
+    (see :func:`option`), from which ``hvdtrain --help`` and README's flag table are made.
 
     batch_size
         Samples per device per step. With Horovod a worker drives one device, so this is
         per worker; the global batch is ``batch_size * devices per worker * num_workers``.
-    lr
-        Learning rate for the *global* batch: gradients are averaged over it.
     sampling
         ``strided`` makes N workers with batch b see exactly the samples of one worker with
         batch N*b, step by step.
     """
 
-    # data
-    dataset: str = option(
-        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled 8x8 digits), "
-        "synthetic (random, for throughput), imagefolder (--data-dir/train/<class>/*.jpg and "
-        "val/<class>/*) or recordio (--data-dir/train.rec+.idx and val.rec+.idx)",
-        group="data", choices=("cifar10", "digits", "synthetic", "imagefolder", "recordio"))
-    data_dir: Optional[str] = option(
-        None, "folder with the CIFAR-10 binary files, the image folder or the RecordIO pack "
-        "(docs/data.md)", group="data")
-    image_size: Optional[int] = option(
-        None, "side of the square images imagefolder and recordio train and evaluate on; "
-        "synthetic makes its random images this size (--dataset synthetic --image-size 224 "
-        "measures a run without its input work)", group="data", range=POSITIVE,
-        shown="224 (synthetic: 32)")
-    min_crop_area: float = option(
-        0.08, "imagefolder/recordio training crops cover at least this share of the image "
-        "(random resized crop)", group="data", range=(0, 1, True, False))
-    colour_jitter: float = option(
-        0.4, "imagefolder/recordio training: brightness, contrast and saturation vary by up "
-        "to this factor", group="data", range=(0, 1, False, True))
-    pca_noise: float = option(
-        0.1, "imagefolder/recordio training: std of AlexNet's PCA lighting noise",
-        group="data", range=NON_NEGATIVE)
     max_bad_samples: str = option(
         "1%", "imagefolder/recordio: unreadable or undecodable samples a split may have in an "
         "epoch (a count, or a percentage of the split) before the job ends naming them; a "
@@ -101,38 +78,9 @@ class TrainConfig:
         "strided", "how each epoch's shuffle is split over workers; strided makes N workers x "
         "batch b see what 1 worker x batch N*b sees", group="data",
         choices=("strided", "contiguous"))
-    # model
-    model: Optional[str] = option(
-        None, f"one of {', '.join(SMALL_MODEL_NAMES)} (small, for digits and CIFAR) or a "
-        f"Gluon model-zoo name: {', '.join(ZOO_MODELS)}; simple_cnn for digits, else "
-        "resnet18_v1", group="model", shown="per dataset")
-    pretrained: bool = option(
-        False, "start from the Gluon model zoo's ImageNet weights for --model, from MXNet's "
-        "model store ($MXNET_HOME/models, downloaded there when missing; docs/fine-tuning.md)",
-        group="model", kind="switch")
-    init_from: Optional[str] = option(
-        None, "start from these weights: a .params file, a checkpoint or output folder of an "
-        "earlier run, or an exported model folder; a new run from epoch 0 (weights only, not "
-        "--resume); the output layer is replaced when the classes differ",
-        group="model", metavar="PATH")
-    eval_only: bool = option(
-        False, "evaluate the weights of --init-from (or --pretrained) on the validation split "
-        "and stop: no training step; top-1, top-5, per-class accuracy, the confusion matrix "
-        "and the worst-classified samples, written to --output-dir (docs/after-training.md)",
-        group="model", kind="switch")
-    hybridize: bool = option(
-        True, "run the model imperatively (for debugging)", group="model", kind="off-switch")
-    dtype: str = option(
-        "float32", "float16 trains a float16 model with float32 master weights (GPU only)",
-        group="model", choices=("float32", "float16"))
     amp: bool = option(
         False, "MXNet automatic mixed precision with loss scaling (GPU only)", group="model",
         kind="switch")
-    last_gamma: bool = option(
-        False, "start each residual block's last BatchNorm gamma at zero, so every block "
-        "begins as the identity (model-zoo ResNets, v1 and v2)", group="model",
-        kind="switch")
-    # optimisation
     batch_size: int = option(
         64, "samples per device per step (with Horovod: per worker); global batch = this x "
         "devices per worker x workers", group="optimisation", range=POSITIVE)
@@ -142,9 +90,6 @@ class TrainConfig:
         1, "micro-batches whose gradients are summed locally before one exchange and "
         "update; global batch = batch size x devices per worker x workers x this",
         group="optimisation", range=POSITIVE)
-    lr: float = option(
-        0.01, "learning rate for the GLOBAL batch: gradients are averaged over all workers' "
-        "samples", group="optimisation", range=POSITIVE)
     lr_scaling: str = option(
         "none", "linear: multiply --lr by the number of workers", group="optimisation",
         choices=("none", "linear"))
@@ -161,28 +106,6 @@ class TrainConfig:
     lr_decay_factor: float = option(
         0.1, "factor the learning rate is multiplied by at each --lr-decay-epochs epoch",
         group="optimisation", range=(0, 1, True, False))
-    head_lr_mult: float = option(
-        1.0, "the output layer learns this many times faster than --lr (with --init-from or "
-        "--pretrained)", group="optimisation", range=POSITIVE)
-    freeze_epochs: int = option(
-        0, "for the first N epochs only the output layer trains; the rest of the model is "
-        "neither updated nor exchanged (with --init-from or --pretrained)",
-        group="optimisation", range=NON_NEGATIVE)
-    label_smoothing: float = option(
-        0.0, "train on targets 1 - e for the true class and e / classes spread over all",
-        group="optimisation", range=(0, 1, False, True))
-    mixup: float = option(
-        0.0, "mixup with Beta(ALPHA, ALPHA) weights: each training batch is blended with "
-        "itself shifted by one sample, and so are its (smoothed) targets; 0: off "
-        "(docs/training.md)", group="optimisation", range=NON_NEGATIVE, metavar="ALPHA")
-    cutmix: float = option(
-        0.0, "cutmix with Beta(ALPHA, ALPHA) areas: a box of each training image is pasted "
-        "from the batch's previous sample, targets weighted by area; with --mixup, each batch "
-        "takes one of the two at random; 0: off", group="optimisation",
-        range=NON_NEGATIVE, metavar="ALPHA")
-    mix_off_epoch: Optional[int] = option(
-        None, "--mixup and --cutmix stop after this many epochs (the later epochs train on "
-        "plain batches)", group="optimisation", range=POSITIVE, metavar="N")
     no_wd: bool = option(
         False, "no weight decay on biases and on normalisation layers' gamma and beta (found "
         "by the layer they belong to)", group="optimisation", kind="switch")
@@ -200,12 +123,6 @@ class TrainConfig:
         None, "scale each step's averaged gradient down to this global L2 norm when it is "
         "larger (the norm over all parameters, the same on every rank)",
         group="optimisation", range=POSITIVE, metavar="MAX")
-    optimizer: str = option(
-        "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
-        choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
-    momentum: float = option(
-        0.9, "momentum, for sgd and nag", group="optimisation", range=(0, 1, False, True))
-    wd: float = option(1e-4, "weight decay", group="optimisation", range=NON_NEGATIVE)
     # The seed is bounded by what MXNet's and numpy's generators take (seed + rank).
     seed: int = option(
         42, "seeds shuffling, augmentation and initialisation", group="optimisation",
@@ -213,7 +130,6 @@ class TrainConfig:
     max_steps: Optional[int] = option(
         None, "stop after this many optimizer steps in total", group="optimisation",
         range=POSITIVE)
-    # distribution
     kvstore: str = option(
         "horovod", "horovod (allreduce), none, or MXNet's local, device and dist_* stores",
         group="distribution", choices=("horovod", "local", "device", "none", "dist_sync",
@@ -238,15 +154,6 @@ class TrainConfig:
         25.0, "gradients live in flat buckets of at most this many MiB, each reduced by one "
         "in-place allreduce as soon as backward fills it; 0: one allreduce per parameter "
         "(horovod store)", group="distribution", range=NON_NEGATIVE)
-    no_cuda: bool = option(
-        False, "train on the CPU even if GPUs are visible", group="distribution",
-        kind="switch")
-    gpus: Tuple[int, ...] = option(
-        (), "comma-separated GPU ids this worker drives (parameter server: one worker per "
-        "host, several GPUs)", group="distribution", parse=int_list)
-    gpus_per_worker: Optional[int] = option(
-        None, "each worker drives this many GPUs, picked by its local rank",
-        group="distribution", range=POSITIVE)
     elastic: bool = option(
         False, "survive lost and added hosts under horovodrun --min-np/--max-np "
         "--host-discovery-script: on a failure the others roll back to the last commit and "
@@ -256,7 +163,6 @@ class TrainConfig:
         "every N steps (and at every epoch's end); a failure costs at most N steps, and a "
         "host that joins enters at the next commit", group="distribution", range=POSITIVE,
         shown=str(COMMIT_EVERY))
-    # output
     output_dir: Optional[str] = option(
         None, "where rank 0 writes metrics.jsonl, checkpoints/ and model.params",
         group="output")
@@ -296,20 +202,26 @@ class TrainConfig:
         range=NON_NEGATIVE)
 
     def __post_init__(self):
-        validate(self)
+        type(self).check(self)
         # One spelling per value ("2epochs" is 2), as the parser gives it: checkpoints compare
         # configurations on resume.
         object.__setattr__(self, "checkpoint_every", epochs_steps_or_time(self.checkpoint_every))
 
-    def replace(self, **changes) -> "TrainConfig":
+    @staticmethod
+    def check(cfg) -> None:
+        """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
+        validate_run(cfg)
+
+    def replace(self, **changes):
         """Return a copy with `changes` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
         """A JSON-ready view, as written to metrics and checkpoints."""
         out = dataclasses.asdict(self)
-        out["lr_decay_epochs"] = list(self.lr_decay_epochs)
-        out["gpus"] = list(self.gpus)
+        for name, value in out.items():
+            if isinstance(value, tuple):
+                out[name] = list(value)
         return out
 
     def global_batch(self, worker_batch: int, num_workers: int) -> int:
@@ -328,6 +240,111 @@ class TrainConfig:
         return (self.powersgd_rank or POWERSGD_RANK,
                 POWERSGD_START_STEP if self.powersgd_start_step is None
                 else self.powersgd_start_step)
+
+
+@dataclass(frozen=True)
+class TrainConfig(RunConfig):
+    """Everything that decides what a run of the ``hvdtrain`` command does: a
+    :class:`RunConfig` and the data it loads, the model it builds and the optimizer it
+    makes for them. One that is easy to misread:
+
+    lr
+        Learning rate for the *global* batch: gradients are averaged over it.
+    """
+
+    dataset: str = option(
+        "cifar10", "cifar10 (binary files in --data-dir), digits (bundled 8x8 digits), "
+        "synthetic (random, for throughput), imagefolder (--data-dir/train/<class>/*.jpg and "
+        "val/<class>/*) or recordio (--data-dir/train.rec+.idx and val.rec+.idx)",
+        group="data", choices=("cifar10", "digits", "synthetic", "imagefolder", "recordio"))
+    data_dir: Optional[str] = option(
+        None, "folder with the CIFAR-10 binary files, the image folder or the RecordIO pack "
+        "(docs/data.md)", group="data")
+    image_size: Optional[int] = option(
+        None, "side of the square images imagefolder and recordio train and evaluate on; "
+        "synthetic makes its random images this size (--dataset synthetic --image-size 224 "
+        "measures a run without its input work)", group="data", range=POSITIVE,
+        shown="224 (synthetic: 32)")
+    min_crop_area: float = option(
+        0.08, "imagefolder/recordio training crops cover at least this share of the image "
+        "(random resized crop)", group="data", range=(0, 1, True, False))
+    colour_jitter: float = option(
+        0.4, "imagefolder/recordio training: brightness, contrast and saturation vary by up "
+        "to this factor", group="data", range=(0, 1, False, True))
+    pca_noise: float = option(
+        0.1, "imagefolder/recordio training: std of AlexNet's PCA lighting noise",
+        group="data", range=NON_NEGATIVE)
+    model: Optional[str] = option(
+        None, f"one of {', '.join(SMALL_MODEL_NAMES)} (small, for digits and CIFAR) or a "
+        f"Gluon model-zoo name: {', '.join(ZOO_MODELS)}; simple_cnn for digits, else "
+        "resnet18_v1", group="model", shown="per dataset")
+    pretrained: bool = option(
+        False, "start from the Gluon model zoo's ImageNet weights for --model, from MXNet's "
+        "model store ($MXNET_HOME/models, downloaded there when missing; docs/fine-tuning.md)",
+        group="model", kind="switch")
+    init_from: Optional[str] = option(
+        None, "start from these weights: a .params file, a checkpoint or output folder of an "
+        "earlier run, or an exported model folder; a new run from epoch 0 (weights only, not "
+        "--resume); the output layer is replaced when the classes differ",
+        group="model", metavar="PATH")
+    eval_only: bool = option(
+        False, "evaluate the weights of --init-from (or --pretrained) on the validation split "
+        "and stop: no training step; top-1, top-5, per-class accuracy, the confusion matrix "
+        "and the worst-classified samples, written to --output-dir (docs/after-training.md)",
+        group="model", kind="switch")
+    hybridize: bool = option(
+        True, "run the model imperatively (for debugging)", group="model", kind="off-switch")
+    dtype: str = option(
+        "float32", "float16 trains a float16 model with float32 master weights (GPU only)",
+        group="model", choices=("float32", "float16"))
+    last_gamma: bool = option(
+        False, "start each residual block's last BatchNorm gamma at zero, so every block "
+        "begins as the identity (model-zoo ResNets, v1 and v2)", group="model",
+        kind="switch")
+    lr: float = option(
+        0.01, "learning rate for the GLOBAL batch: gradients are averaged over all workers' "
+        "samples", group="optimisation", range=POSITIVE)
+    head_lr_mult: float = option(
+        1.0, "the output layer learns this many times faster than --lr (with --init-from or "
+        "--pretrained)", group="optimisation", range=POSITIVE)
+    freeze_epochs: int = option(
+        0, "for the first N epochs only the output layer trains; the rest of the model is "
+        "neither updated nor exchanged (with --init-from or --pretrained)",
+        group="optimisation", range=NON_NEGATIVE)
+    label_smoothing: float = option(
+        0.0, "train on targets 1 - e for the true class and e / classes spread over all",
+        group="optimisation", range=(0, 1, False, True))
+    mixup: float = option(
+        0.0, "mixup with Beta(ALPHA, ALPHA) weights: each training batch is blended with "
+        "itself shifted by one sample, and so are its (smoothed) targets; 0: off "
+        "(docs/training.md)", group="optimisation", range=NON_NEGATIVE, metavar="ALPHA")
+    cutmix: float = option(
+        0.0, "cutmix with Beta(ALPHA, ALPHA) areas: a box of each training image is pasted "
+        "from the batch's previous sample, targets weighted by area; with --mixup, each batch "
+        "takes one of the two at random; 0: off", group="optimisation",
+        range=NON_NEGATIVE, metavar="ALPHA")
+    mix_off_epoch: Optional[int] = option(
+        None, "--mixup and --cutmix stop after this many epochs (the later epochs train on "
+        "plain batches)", group="optimisation", range=POSITIVE, metavar="N")
+    optimizer: str = option(
+        "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
+        choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
+    momentum: float = option(
+        0.9, "momentum, for sgd and nag", group="optimisation", range=(0, 1, False, True))
+    wd: float = option(1e-4, "weight decay", group="optimisation", range=NON_NEGATIVE)
+    no_cuda: bool = option(
+        False, "train on the CPU even if GPUs are visible", group="distribution",
+        kind="switch")
+    gpus: Tuple[int, ...] = option(
+        (), "comma-separated GPU ids this worker drives (parameter server: one worker per "
+        "host, several GPUs)", group="distribution", parse=int_list)
+    gpus_per_worker: Optional[int] = option(
+        None, "each worker drives this many GPUs, picked by its local rank",
+        group="distribution", range=POSITIVE)
+
+    @staticmethod
+    def check(cfg) -> None:
+        validate(cfg)
 
     @property
     def model_name(self) -> str:
@@ -363,9 +380,10 @@ def _one_of(cfg, name, choices):
         raise ConfigError(f"{flag_name(name)} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Raise :class:`ConfigError` naming the first invalid field of `cfg`."""
-    for spec in options():
+def validate_run(cfg: RunConfig) -> None:
+    """Raise :class:`ConfigError` naming the first invalid field of `cfg`, for what any
+    model's run needs of its settings."""
+    for spec in dataclasses.fields(cfg):
         if spec.metadata["range"]:
             check_range(cfg, spec.name, *spec.metadata["range"])
         if spec.metadata["choices"]:
@@ -374,27 +392,8 @@ def validate(cfg: TrainConfig) -> None:
         epochs_steps_or_time(cfg.checkpoint_every)
     except ValueError as err:
         raise ConfigError(f"--checkpoint-every: {err}") from None
-    if cfg.amp and cfg.dtype == "float16":
-        raise ConfigError("--amp already runs in mixed float16/float32: drop --dtype float16")
-    if cfg.no_cuda and (cfg.amp or cfg.dtype == "float16"):
-        raise ConfigError(HALF_NEEDS_GPU)
-    if cfg.dataset == "cifar10" and not cfg.data_dir:
-        raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
-                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
     if cfg.resume == "auto" and not cfg.output_dir:
         raise ConfigError("--resume auto looks for checkpoints in --output-dir; give one")
-    if cfg.gpus and cfg.gpus_per_worker:
-        raise ConfigError("give either --gpus or --gpus-per-worker, not both")
-    if cfg.dataset in ("imagefolder", "recordio") and not cfg.data_dir:
-        raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir: the folder holding "
-                          f"{IMAGE_LAYOUTS[cfg.dataset]} (docs/data.md)")
-    if cfg.data_dir and cfg.dataset not in ("cifar10", "imagefolder", "recordio"):
-        raise ConfigError(f"--data-dir is read by --dataset cifar10, imagefolder and recordio "
-                          f"only; --dataset {cfg.dataset} would ignore it: drop one of them")
-    if cfg.image_size and cfg.dataset not in ("imagefolder", "recordio", "synthetic"):
-        raise ConfigError(f"--image-size is for --dataset imagefolder, recordio and "
-                          f"synthetic; --dataset {cfg.dataset} has images of a fixed size: "
-                          f"drop it")
     if cfg.lr_schedule != "step" and cfg.lr_decay_epochs:
         raise ConfigError(f"--lr-decay-epochs are the steps of --lr-schedule step; "
                           f"--lr-schedule {cfg.lr_schedule} decays smoothly: drop one of them")
@@ -404,11 +403,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.kvstore == "dist_async" and cfg.lr_schedule != "step":
         raise ConfigError("--kvstore dist_async runs the optimizer on the servers, which "
                           "never see a learning-rate schedule: drop --lr-schedule")
-    if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
-        raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
-                          "--no-cuda")
-    if any(g < 0 for g in cfg.gpus):
-        raise ConfigError(f"--gpus must be GPU ids >= 0, got {list(cfg.gpus)}")
     if cfg.kvstore == "dist_async" and (cfg.warmup_epochs or cfg.lr_decay_epochs):
         raise ConfigError("--kvstore dist_async runs the optimizer on the servers, which "
                           "never see a learning-rate schedule: drop --warmup-epochs and "
@@ -422,31 +416,68 @@ def validate(cfg: TrainConfig) -> None:
     elif cfg.commit_every is not None:
         raise ConfigError("--commit-every is the interval of --elastic's commits: add "
                           "--elastic, or drop it")
-    check_start_weights(cfg)
     check_compression(cfg)
     check_recipe(cfg)
-    if cfg.eval_only:
-        check_eval_only(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
 
 
-def check_recipe(cfg: TrainConfig) -> None:
-    """What the training recipe's options (mixing, --no-wd, --ema, clipping) need of the
+def validate(cfg: TrainConfig) -> None:
+    """Raise :class:`ConfigError` naming the first invalid field of `cfg`: the run's
+    settings (:func:`validate_run`), then what the command's data, model and optimizer need."""
+    validate_run(cfg)
+    if cfg.amp and cfg.dtype == "float16":
+        raise ConfigError("--amp already runs in mixed float16/float32: drop --dtype float16")
+    if cfg.no_cuda and (cfg.amp or cfg.dtype == "float16"):
+        raise ConfigError(HALF_NEEDS_GPU)
+    if cfg.dataset == "cifar10" and not cfg.data_dir:
+        raise ConfigError("--dataset cifar10 needs --data-dir: the folder holding "
+                          "data_batch_1.bin .. data_batch_5.bin and test_batch.bin")
+    if cfg.gpus and cfg.gpus_per_worker:
+        raise ConfigError("give either --gpus or --gpus-per-worker, not both")
+    if cfg.dataset in ("imagefolder", "recordio") and not cfg.data_dir:
+        raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir: the folder holding "
+                          f"{IMAGE_LAYOUTS[cfg.dataset]} (docs/data.md)")
+    if cfg.data_dir and cfg.dataset not in ("cifar10", "imagefolder", "recordio"):
+        raise ConfigError(f"--data-dir is read by --dataset cifar10, imagefolder and recordio "
+                          f"only; --dataset {cfg.dataset} would ignore it: drop one of them")
+    if cfg.image_size and cfg.dataset not in ("imagefolder", "recordio", "synthetic"):
+        raise ConfigError(f"--image-size is for --dataset imagefolder, recordio and "
+                          f"synthetic; --dataset {cfg.dataset} has images of a fixed size: "
+                          f"drop it")
+    if cfg.no_cuda and (cfg.gpus or cfg.gpus_per_worker):
+        raise ConfigError("--no-cuda trains on the CPU: drop --gpus and --gpus-per-worker, or "
+                          "--no-cuda")
+    if any(g < 0 for g in cfg.gpus):
+        raise ConfigError(f"--gpus must be GPU ids >= 0, got {list(cfg.gpus)}")
+    check_start_weights(cfg)
+    check_command_compression(cfg)
+    check_command_recipe(cfg)
+    if cfg.eval_only:
+        check_eval_only(cfg)
+
+
+def check_command_recipe(cfg: TrainConfig) -> None:
+    """What the command's parts of the training recipe (mixing, --last-gamma) need of the
     others (docs/training.md, "The training recipe")."""
     if cfg.mix_off_epoch is not None and not (cfg.mixup or cfg.cutmix):
         raise ConfigError("--mix-off-epoch ends --mixup and --cutmix: give one of them, or "
                           "drop it")
-    ema_every = next(spec for spec in options() if spec.name == "ema_every")
-    if cfg.ema_every != default_of(ema_every) and cfg.ema is None:
-        raise ConfigError("--ema-every is how often --ema updates its average: add --ema, "
-                          "or drop it")
     if cfg.last_gamma and (cfg.pretrained or cfg.init_from):
         # GluonCV zeroes them at initialisation only: trained gammas are the weights' own.
         raise ConfigError("--last-gamma zeroes freshly initialised BatchNorm gammas; "
                           f"{'--pretrained' if cfg.pretrained else '--init-from'} brings "
                           "trained ones: drop one of them")
+
+
+def check_recipe(cfg: RunConfig) -> None:
+    """What the training recipe's options for any model (--no-wd, --ema, clipping) need of
+    the others (docs/training.md, "The training recipe")."""
+    ema_every = next(spec for spec in dataclasses.fields(RunConfig) if spec.name == "ema_every")
+    if cfg.ema_every != default_of(ema_every) and cfg.ema is None:
+        raise ConfigError("--ema-every is how often --ema updates its average: add --ema, "
+                          "or drop it")
     if cfg.kvstore != "dist_async":
         return
     # Under dist_async the servers apply each worker's gradient as it arrives.
@@ -463,7 +494,7 @@ def check_recipe(cfg: TrainConfig) -> None:
                           "them: drop one of them")
 
 
-def check_elastic(cfg: TrainConfig) -> None:
+def check_elastic(cfg: RunConfig) -> None:
     """What ``--elastic`` needs of the other options (docs/elastic.md)."""
     if cfg.kvstore != "horovod":
         raise ConfigError(f"--elastic runs under Horovod's elastic driver: it needs --kvstore "
@@ -479,8 +510,8 @@ def check_elastic(cfg: TrainConfig) -> None:
                           "the job wrote, not refuse them")
 
 
-def check_compression(cfg: TrainConfig) -> None:
-    """What ``--compression powersgd`` needs of the other options."""
+def check_compression(cfg: RunConfig) -> None:
+    """What ``--compression powersgd`` needs of the run's other options."""
     if cfg.compression != "powersgd":
         given = [flag for flag, value in (("--powersgd-rank", cfg.powersgd_rank),
                                           ("--powersgd-start-step", cfg.powersgd_start_step),
@@ -498,6 +529,12 @@ def check_compression(cfg: TrainConfig) -> None:
     if not cfg.grad_bucket_mb:
         raise ConfigError("--compression powersgd compresses inside the gradient buckets: "
                           "--grad-bucket-mb must be above 0")
+
+
+def check_command_compression(cfg: TrainConfig) -> None:
+    """What ``--compression powersgd`` needs of the command's model and devices."""
+    if cfg.compression != "powersgd":
+        return
     if cfg.dtype == "float16":
         raise ConfigError("--compression powersgd works on float32 gradients: drop --dtype "
                           "float16 (--amp keeps float32 gradients and works with it)")

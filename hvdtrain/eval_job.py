@@ -3,7 +3,7 @@
 The same launchers, stores and loaders as training: each rank reads the weights itself
 (``--init-from``: a run, a checkpoint, an export or a ``.params`` file; or ``--pretrained``),
 scores its shard of the validation split (every sample on exactly one rank), and the ranks
-sum the report (:func:`~hvdtrain.loop.engine.eval_detail.evaluate_detailed`). Rank 0 logs the
+sum the report (:func:`~hvdtrain.classify.eval_detail.evaluate_detailed`). Rank 0 logs the
 figures and writes the report files into ``--output-dir``
 (:mod:`hvdtrain.report.eval_report`). The model is the one the weights' model card names
 unless ``--model`` says otherwise (then the two must agree), and the classes must be the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from contextlib import ExitStack
 
 import mxnet as mx
@@ -22,11 +21,12 @@ from .config import ConfigError, TrainConfig
 from .data.card import model_card
 from .data.datasets import check_dataset
 from .data.load import load_dataset
-from .job import build_devices, build_dist, start_rank
+from .classify.build import build_loaders, initialize
+from .classify.eval_detail import evaluate_detailed
+from .estimator.setup import start_rank
+from .job import build_devices, build_dist
 from .loop.engine import precision
-from .loop.engine.build import build_loaders, initialize
 from .loop.engine.counts import check_bad_samples
-from .loop.engine.eval_detail import evaluate_detailed
 from .loop.weights.start import load_start_weights, plan
 from .loop.run.together import write_together
 from .loop.weights.files import WeightsFile, init_from, pretrained_file, read
@@ -34,7 +34,7 @@ from .models import build_model, check_model_name
 from .report.eval_report import write_eval_report
 from .report.log import launch_rank, setup_logging
 from .runtime.lifeline import LauncherWatch, launcher_chain
-from .runtime.watchdog import Watchdog, horovod_stall_env
+from .runtime.watchdog import Watchdog
 from .state.writes import check_writable_dir
 
 logger = logging.getLogger("hvdtrain")
@@ -84,8 +84,6 @@ def evaluate_only(cfg: TrainConfig, devices=None, comm=None) -> dict:
         policy = precision.Precision.of(cfg)
         policy.before_model()
         net = build_model(cfg.model_name, data.num_classes)
-        if cfg.kvstore == "horovod":  # read by hvd.init()
-            os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ, False))
         until_the_end.enter_context(watchdog)
         dist = build_dist(cfg, comm)
         start_rank(cfg, dist, watchdog)

@@ -69,6 +69,14 @@ class SplitSampler:
         self.epoch = 0
         self.processed = 0
 
+    def reshard(self, num_parts, part_index):
+        """Split over `num_parts` workers from the next iteration on, yielding part
+        `part_index` (an elastic reset: the epoch's remaining samples are split over the
+        workers there are now)."""
+        if num_parts <= 0 or not 0 <= part_index < num_parts:
+            raise ValueError(f"part_index must be in [0, {num_parts}), got {part_index}")
+        self.num_parts, self.part_index = int(num_parts), int(part_index)
+
     def set_epoch(self, epoch, processed=0):
         """Select the epoch whose permutation the next iteration yields, leaving out the
         `processed` samples all workers together already trained on in it."""

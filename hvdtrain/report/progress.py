@@ -52,12 +52,14 @@ class TensorBoardWriter:
 
 
 def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devices: int,
-                  backend: str, written: List[str], stopped: Optional[Dict] = None) -> List[str]:
+                  backend: str, written: List[str], stopped: Optional[Dict] = None,
+                  val: str = "test") -> List[str]:
     """The short table rank 0 prints at the end of a run; `written` lists its outputs.
 
     `epochs` are the records of the epochs completed; `stopped` the record of an epoch cut
     short (``--max-steps``), whose steps, time and throughput are reported too: a short run
-    (a new host's smoke test) is often run for its throughput alone."""
+    (a new host's smoke test) is often run for its throughput alone. `val` is the records'
+    name of the validation split; its accuracy rows are there when the records have one."""
     if not epochs and not stopped:
         return ["run summary: no epoch completed"]
     last = stopped or epochs[-1]
@@ -67,21 +69,22 @@ def summary_lines(epochs: List[Dict], total_time: float, num_workers: int, devic
         rows.append(("stopped", f"inside epoch {stopped['epoch'] + 1} after "
                                 f"{stopped['steps']} steps of it ({stopped['epoch_time']:.1f} s, "
                                 f"{stopped['samples_per_sec']:.1f} samples/s)"))
-    top5 = f"; top-5 final {last['test_top5']:.4f}" if "test_top5" in last else ""
-    if epochs:
-        best = max(epochs, key=lambda e: e["test_acc"])
-        rows.append(("test accuracy", f"final {last['test_acc']:.4f}, best "
-                                      f"{best['test_acc']:.4f} (epoch {best['epoch'] + 1})"
-                                      f"{top5}"))
-    else:
-        rows.append(("test accuracy", f"final {last['test_acc']:.4f}{top5}"))
-    if last.get("ema_test_acc") is not None:  # --ema: its average, evaluated beside
-        text = f"final {last['ema_test_acc']:.4f}"
-        averaged = [e for e in epochs if e.get("ema_test_acc") is not None]
+    acc, top5 = f"{val}_acc", f"{val}_top5"
+    top5_text = f"; top-5 final {last[top5]:.4f}" if last.get(top5) is not None else ""
+    scored = [e for e in epochs if e.get(acc) is not None]
+    if scored:
+        best = max(scored, key=lambda e: e[acc])
+        rows.append((f"{val} accuracy", f"final {scored[-1][acc]:.4f}, best {best[acc]:.4f} "
+                                        f"(epoch {best['epoch'] + 1}){top5_text}"))
+    elif last.get(acc) is not None:
+        rows.append((f"{val} accuracy", f"final {last[acc]:.4f}{top5_text}"))
+    if last.get(f"ema_{acc}") is not None:  # --ema: its average, evaluated beside
+        text = f"final {last[f'ema_{acc}']:.4f}"
+        averaged = [e for e in epochs if e.get(f"ema_{acc}") is not None]
         if averaged:
-            best = max(averaged, key=lambda e: e["ema_test_acc"])
-            text += f", best {best['ema_test_acc']:.4f} (epoch {best['epoch'] + 1})"
-        rows.append(("EMA test accuracy", text))
+            best = max(averaged, key=lambda e: e[f"ema_{acc}"])
+            text += f", best {best[f'ema_{acc}']:.4f} (epoch {best['epoch'] + 1})"
+        rows.append((f"EMA {val} accuracy", text))
     # Weighted by time: a short partial epoch counts for what it ran, not as much as a whole one.
     timed = epochs + ([stopped] if stopped else [])
     seconds = sum(e["epoch_time"] for e in timed)

@@ -12,7 +12,7 @@ from typing import Dict, List
 
 from . import loss_scale
 from .checkpoint_files import CheckpointError
-from ..config import TrainConfig, model_for
+from ..config import RunConfig, TrainConfig, model_for
 from .train_state import TrainState
 
 logger = logging.getLogger("hvdtrain")
@@ -26,7 +26,8 @@ UNREPORTED = ("resume", "output_dir", "progress", "tensorboard", "data_dir")
 
 def _fixed_values(config: Dict) -> Dict[str, object]:
     values = dict(config)
-    values["model"] = model_for(values.get("model"), values.get("dataset"))
+    if "dataset" in values:  # the command's: the model it names, or the dataset's default
+        values["model"] = model_for(values.get("model"), values.get("dataset"))
     return values
 
 
@@ -37,7 +38,7 @@ def check_compatible(path: str, meta: Dict, cfg: TrainConfig, warn: bool = True)
     saved = _fixed_values(meta.get("config", {}))
     here = _fixed_values(cfg.to_dict())
     differ = [f"{flag} {here[key]} (checkpoint: {saved[key]})" for flag, key in FIXED
-              if key in saved and saved[key] != here[key]]
+              if key in saved and key in here and saved[key] != here[key]]
     if differ:
         raise CheckpointError(f"cannot resume {path} with {', '.join(differ)}: these cannot "
                               f"change within a run; resume with the checkpoint's values, or "
@@ -88,7 +89,7 @@ def apply_settings(trainer, cfg: TrainConfig) -> None:
     ``Trainer.load_states`` installs the pickled optimizer whole, with the momentum and
     weight decay the checkpoint was trained with; the learning rate is set every step."""
     optimizer = getattr(trainer, "_optimizer", None)
-    if optimizer is None:
+    if optimizer is None or not hasattr(cfg, "wd"):  # a program's own optimizer: its own
         return
     optimizer.wd = cfg.wd
     if hasattr(optimizer, "momentum"):

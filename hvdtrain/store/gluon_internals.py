@@ -118,6 +118,76 @@ def discard_gradients(params: Sequence) -> None:
             data._fresh_grad = False  # pylint: disable=protected-access
 
 
+def backward_ran(param, device: int) -> bool:
+    """Whether a backward pass wrote `param`'s gradient on its `device`-th context since the
+    last update (the flag the Trainer's stale-gradient check reads)."""
+    return bool(param.list_data()[device]._fresh_grad)  # pylint: disable=protected-access
+
+
+def empty_gradients(params: Sequence, device: int) -> None:
+    """`params`' gradients on the `device`-th context as a backward pass over no sample
+    leaves them: a rank whose whole batch was unusable, or a device a batch smaller than the
+    devices left without a part, still takes part in the exchange and the update.
+
+    ``grad_req='write'``: zero in place (the buckets hold the gradients as views), and the
+    array a static_alloc graph writes too (:func:`bound_gradient`); ``'add'``: left as it is
+    (the step's earlier micro-batches' sum, or the zeros it started from). Either way marked
+    written by backward, which the Trainer's stale-gradient check asks. No forward pass runs:
+    BatchNorm's running statistics stay as they are, and nothing about the model's inputs
+    needs to be known."""
+    for param in params:
+        if param.grad_req == "null" or param._grad is None:  # pylint: disable=protected-access
+            continue
+        if param.grad_req == "write":
+            param.list_grad()[device][:] = 0
+            bound = bound_gradient(param, device)
+            if bound is not None:
+                bound[:] = 0
+        param.list_data()[device]._fresh_grad = True  # pylint: disable=protected-access
+
+
+def mark_gradients_used(params: Sequence) -> None:
+    """Mark every gradient of `params` as not written by backward since, as ``update`` does
+    when it applies them: also after an update AMP skipped for an overflow, which leaves the
+    marks (a device idle in the next step would otherwise pass for one that ran)."""
+    for param in params:
+        if param.grad_req == "null":
+            continue
+        for data in param.list_data():
+            data._fresh_grad = False  # pylint: disable=protected-access
+
+
+def shape_deferred(param) -> bool:
+    """Whether `param` waits for a first forward pass to know its shape (Gluon's deferred
+    initialisation)."""
+    return bool(param._deferred_init)  # pylint: disable=protected-access
+
+
+def trainer_params(trainer) -> list:
+    """The parameters `trainer` updates, in its order."""
+    return list(trainer._params)  # pylint: disable=protected-access
+
+
+def trainer_optimizer(trainer):
+    """`trainer`'s optimizer object (its learning rate, momentum, update counts)."""
+    return trainer._optimizer  # pylint: disable=protected-access
+
+
+def trainer_compression(trainer):
+    """The gradient compression a Trainer was given for MXNet's own stores, or None."""
+    return trainer._compression_params  # pylint: disable=protected-access
+
+
+def asks_update_on_store(trainer) -> bool:
+    """Whether `trainer` was made with ``update_on_kvstore=True``."""
+    return bool(trainer._kvstore_params.get("update_on_kvstore"))  # pylint: disable=protected-access
+
+
+def trainer_started(trainer) -> bool:
+    """Whether `trainer` has set up its store (it has stepped, or been set up)."""
+    return bool(trainer._kv_initialized)  # pylint: disable=protected-access
+
+
 def set_up_store(trainer, batch_size: int) -> None:
     """Run now what a Trainer's first ``step(batch_size)`` would run before its update:
     gradient scaling, the store's set-up and the parameters' first broadcast.

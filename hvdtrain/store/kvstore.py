@@ -96,6 +96,11 @@ class HorovodKVStore(KVStoreBase):
         return "horovod"
 
     @property
+    def compression(self) -> str:
+        """How gradients travel: ``'fp16'`` or ``'none'`` (bookkeeping never compressed)."""
+        return "fp16" if self._fp16_wire else "none"
+
+    @property
     def _alone(self):
         # A lone worker has nothing to exchange: skipping Horovod's collectives saves their
         # cost. Read every time: an elastic job's size changes.

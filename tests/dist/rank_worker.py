@@ -16,8 +16,8 @@ import sys
 
 import numpy as np
 
-import hvdtrain.job
 from hvdtrain.cli import parse_config
+from hvdtrain.estimator import estimator
 from hvdtrain.job import train
 
 
@@ -32,9 +32,10 @@ def model_arrays(net):
 
 
 def dump_at_start(fit):
-    def wrapped(net, trainer, data, devices, dist, *args, **kwargs):
-        np.savez(os.path.join(sys.argv[1], f"rank{dist.rank}-start.npz"), **model_arrays(net))
-        return fit(net, trainer, data, devices, dist, *args, **kwargs)
+    def wrapped(parts):
+        np.savez(os.path.join(sys.argv[1], f"rank{parts.dist.rank}-start.npz"),
+                 **model_arrays(parts.net))
+        return fit(parts)
     return wrapped
 
 
@@ -68,7 +69,7 @@ def dump_epochs(out_dir):
 def main():
     out_dir, argv = sys.argv[1], sys.argv[2:]
     if os.environ.get("HVDTRAIN_DUMP_START") == "1":
-        hvdtrain.job.fit = dump_at_start(hvdtrain.job.fit)
+        estimator.run_fit = dump_at_start(estimator.run_fit)
     if os.environ.get("HVDTRAIN_DUMP_EPOCHS") == "1":
         dump_epochs(out_dir)
     run = train(parse_config(argv))

@@ -47,21 +47,21 @@ def start(monkeypatch, capfd):
     step, where ``fit`` would begin; returns (exit status, output lines, the net's arrays by
     place at that point). ``start(argv, train=True)`` trains for real (to make a run to start
     from). ``start.lr_mult`` then holds each parameter's ``lr_mult``."""
-    from hvdtrain import job
+    from hvdtrain.estimator import estimator
     from helpers import main_in_process
     held = {}
 
-    def fit(net, trainer, data, devices, dist, cfg, *args, **kwargs):
-        params = net._collect_params_with_prefix()  # pylint: disable=protected-access
+    def fit(parts):
+        params = parts.net._collect_params_with_prefix()  # pylint: disable=protected-access
         held.update({place: p.data().asnumpy() for place, p in params.items()})
         run.lr_mult = {place: p.lr_mult for place, p in params.items()}
-        return {"test_acc": None, "test_count": 0, "total_time": 0.0, "steps": 0}
+        return {"test_acc": None, "test_samples": 0, "total_time": 0.0, "steps": 0}
 
-    real = job.fit
+    real = estimator.run_fit
 
     def run(argv, train=False):
         held.clear()
-        monkeypatch.setattr(job, "fit", real if train else fit)
+        monkeypatch.setattr(estimator, "run_fit", real if train else fit)
         code, lines = main_in_process(argv, capfd)
         return code, lines, dict(held)
     return run

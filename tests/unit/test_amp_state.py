@@ -12,7 +12,7 @@ from hvdtrain.state.checkpoint import Checkpointer
 from hvdtrain.state.checkpoint_files import read_meta
 from hvdtrain.config import TrainConfig
 from hvdtrain.store.dist import DistContext
-from hvdtrain.job import build_checkpointer
+from hvdtrain.loop.run.outputs import build_checkpointer
 from hvdtrain.state.train_state import TrainState
 
 

@@ -20,8 +20,9 @@ from plain_gluon import arrays, recorded_initialisation
 from hvdtrain import job
 from hvdtrain.config import TrainConfig
 from hvdtrain.data.load import load_dataset
-from hvdtrain.loop.engine.build import build_loaders, build_trainer
+from hvdtrain.classify.build import build_loaders, build_trainer
 from hvdtrain.loop.recipe.clipping import GradClipper
+from hvdtrain.classify.processor import ClassifierProcessor, StepContext
 from hvdtrain.loop.engine.epoch import Loop, train_epoch
 from hvdtrain.loop.engine.guard import FiniteGuard
 from hvdtrain.loop.engine.precision import Precision
@@ -119,11 +120,14 @@ def test_clipping_measures_the_gradient_after_amps_loss_scale_is_taken_out():
     trainer = amp_trainer(net, cfg)
     dist = DistContext()
     clipper = GradClipper(MAX_NORM, net, dist)
+    state, policy = TrainState(), Precision(amp=True)
     loop = Loop(net, trainer, [CPU], dist, lambda _: LR, FiniteGuard(dist, CPU),
-                max_steps=steps, policy=Precision(amp=True), clipper=clipper)
+                max_steps=steps, policy=policy, clipper=clipper,
+                processor=ClassifierProcessor(),
+                context=StepContext(net, trainer, [CPU], dist, policy, state))
     loader, _ = build_loaders(data, cfg, dist)
     loader.sampler.set_epoch(0)
-    train_epoch(loop, loader, TrainState())
+    train_epoch(loop, loader, state)
     assert trainer._amp_loss_scaler.loss_scale == 2.0 ** 16  # pylint: disable=protected-access
     want, norms = plain_clipped(initial, 1, max_steps=steps)
     ours = arrays(net)

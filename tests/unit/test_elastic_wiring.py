@@ -125,34 +125,55 @@ def test_a_reset_that_renumbers_rank_0_moves_the_lock(tmp_path, monkeypatch):
     assert OutputLock(str(tmp_path)).held_by_another() is None
 
 
-def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
-    """``fit`` (one process, digits, --accumulate 2) calls the commit hook after every
-    optimizer step but an epoch's last, and at each epoch's end before and after its
-    outputs (metrics record, checkpoint)."""
-    from hvdtrain.loop.run.fit import Outputs, fit
-    from hvdtrain.data.load import load_dataset
-    from hvdtrain.loop.engine.build import build_trainer, initialize
-    from hvdtrain.models import build_model
-    from hvdtrain.report.log import MetricsWriter
-    from hvdtrain.store.dist import DistContext
+def _classifier_run(cfg, outputs, commit=None, signals=None):
+    """The command's run of digits in this process (one rank, no store), as an elastic entry
+    makes it: the Estimator's parts handed to the run with `commit` as its hook."""
     import mxnet as mx
+    from mxnet import gluon
+    from hvdtrain.classify.build import build_loaders, build_trainer, initialize
+    from hvdtrain.classify.processor import ClassifierProcessor, train_metrics, val_metrics
+    from hvdtrain.data.load import load_dataset
+    from hvdtrain.estimator import Estimator, Setup
+    from hvdtrain.loop.run.fit import fit
+    from hvdtrain.models import build_model
+    from hvdtrain.state.train_state import TrainState
+    from hvdtrain.store.dist import DistContext
 
-    cfg = parse_config(QUICK + ["--kvstore", "none", "--epochs", "2", "--batch-size", "256",
-                                "--accumulate", "2"])
     data = load_dataset("digits", None)
     net = build_model(cfg.model_name, data.num_classes)
     initialize(net, [mx.cpu()], data.image_shape, cfg.seed, 0, cfg.hybridize)
     dist = DistContext()
     trainer = build_trainer(net, cfg, dist)
+    train_feed, val_feed = build_loaders(data, cfg, dist, 1)
+    estimator = Estimator(net, gluon.loss.SoftmaxCrossEntropyLoss(), train_metrics(),
+                          val_metrics(), trainer=trainer, context=[mx.cpu()],
+                          batch_processor=ClassifierProcessor(), config=cfg,
+                          setup=Setup(dist=dist, prefixes=("train", "test"), base_lr=cfg.lr))
+    estimator.logger.disabled = True
+    run_cfg, feed = estimator.prepare(train_feed, val_feed, epochs=cfg.epochs)
+    parts = estimator._run_parts(run_cfg, feed, outputs, TrainState(), None, signals)  # pylint: disable=protected-access
+    parts.commit = commit
+    return fit(parts), data
+
+
+def test_the_loop_commits_every_n_steps_and_around_each_epochs_outputs():
+    """``fit`` (one process, digits, --accumulate 2) calls the commit hook after every
+    optimizer step but an epoch's last, and at each epoch's end before and after its
+    outputs (metrics record, checkpoint)."""
+    from hvdtrain.loop.run.outputs import Outputs
+    from hvdtrain.report.log import MetricsWriter
+
+    cfg = parse_config(QUICK + ["--kvstore", "none", "--epochs", "2", "--batch-size", "256",
+                                "--accumulate", "2"])
     calls = []
 
     class Metrics(MetricsWriter):
         def write(self, event, **fields):
             calls.append(("metrics", event))
 
-    fit(net, trainer, data, [mx.cpu()], dist, cfg, Outputs(Metrics(None)),
-        commit=lambda state, point: calls.append((state.epoch, state.step,
-                                                  state.epoch_samples, point)))
+    _, data = _classifier_run(cfg, Outputs(Metrics(None)),
+                              lambda state, point: calls.append((state.epoch, state.step,
+                                                                 state.epoch_samples, point)))
     per_epoch = -(-(-(-data.num_train // 256)) // 2)  # micro-batches, then steps
     expected = [("metrics", "start")]
     for epoch in range(2):
@@ -200,29 +221,19 @@ def test_a_late_rank_is_not_refused_the_folder_its_own_rank_0_already_locked(tmp
 def _elastic_fit_in_process(tmp_path, flags, signals=None):
     """``fit`` as an elastic run calls it (a commit hook), one process, digits; returns the
     hook's calls and the checkpoint folder's names."""
-    from hvdtrain.state.checkpoint import Checkpointer
-    from hvdtrain.loop.run.fit import Outputs, fit
-    from hvdtrain.data.load import load_dataset
-    from hvdtrain.loop.engine.build import build_trainer, initialize
-    from hvdtrain.models import build_model
+    from hvdtrain.loop.run.outputs import Outputs
     from hvdtrain.report.log import MetricsWriter
-    from hvdtrain.store.dist import DistContext
-    import mxnet as mx
+    from hvdtrain.state.checkpoint import Checkpointer
 
     cfg = parse_config(QUICK + ["--kvstore", "none", "--batch-size", "128", "--output-dir",
                                 str(tmp_path), "--keep-checkpoints", "50"] + flags)
-    data = load_dataset("digits", None)
-    net = build_model(cfg.model_name, data.num_classes)
-    initialize(net, [mx.cpu()], data.image_shape, cfg.seed, 0, cfg.hybridize)
-    dist = DistContext()
-    trainer = build_trainer(net, cfg, dist)
-    # Written in the caller's thread, as an elastic run's checkpoints are (job.py).
+    # Written in the caller's thread, as an elastic run's checkpoints are.
     saver = Checkpointer(cfg.output_dir, 1, cfg.keep_checkpoints, meta={"config": cfg.to_dict()})
     calls = []
     outputs = Outputs(MetricsWriter(None), saver)
     try:
-        fit(net, trainer, data, [mx.cpu()], dist, cfg, outputs, signals=signals,
-            commit=lambda state, point: calls.append((state.step, point)))
+        _classifier_run(cfg, outputs, lambda state, point: calls.append((state.step, point)),
+                        signals)
     finally:
         folder = tmp_path / "checkpoints"
         names = sorted(os.listdir(folder)) if folder.is_dir() else []

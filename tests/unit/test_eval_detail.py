@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrain.data.loader import BatchLoader
 from hvdtrain.data.sampler import SplitSampler
-from hvdtrain.loop.engine.eval_detail import evaluate_detailed
+from hvdtrain.classify.eval_detail import evaluate_detailed
 from hvdtrain.report.eval_report import write_eval_report
 from hvdtrain.store.dist import DistContext
 

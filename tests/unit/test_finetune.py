@@ -9,7 +9,7 @@ from mxnet import autograd, gluon
 
 import hvdtrain.loop.run.fit as fit_module
 from hvdtrain.config import ConfigError, TrainConfig
-from hvdtrain.loop.engine.build import build_trainer
+from hvdtrain.classify.build import build_trainer
 from hvdtrain.loop.weights.finetune import output_layer, set_head_lr_mult, set_phase
 from hvdtrain.models import build_model, model_names
 from hvdtrain.store.dist import DistContext

@@ -21,6 +21,8 @@ LEVELS = [
     {"report"},
     {"store", "data", "runtime"},
     {"loop", "models"},
+    {"estimator"},
+    {"classify"},
     {"check", "job", "serve"},
     {"eval_job"},
     {"cli", "__init__"},

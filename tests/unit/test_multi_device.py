@@ -52,7 +52,7 @@ def test_several_devices_without_a_store_are_refused():
 def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
     from mxnet import autograd
     from hvdtrain.models import build_model
-    from hvdtrain.loop.engine.batches import zero_gradients
+    from hvdtrain.loop.engine.batches import settle_idle_devices
 
     net = build_model("bn_cnn", classes=10)
     net.initialize()
@@ -64,13 +64,19 @@ def test_an_idle_device_gets_zero_fresh_gradients_and_keeps_its_statistics():
     mx.nd.waitall()  # static_alloc: the engine does not track BatchNorm's statistics writes
     stats = {name: p.data().asnumpy() for name, p in net.collect_params().items()
              if p.grad_req == "null"}
-    zero_gradients(net, batch[:1], mx.cpu())
+    params = list(net.collect_params().values())
+    assert settle_idle_devices(params, 1) == 0  # backward ran there: left alone
+    for param in (p for p in params if p.grad_req != "null"):  # applied, as after an update
+        for data in param.list_data():
+            data._fresh_grad = False  # pylint: disable=protected-access
+    assert settle_idle_devices(params, 1) == 1  # the next step ran no backward pass there
     mx.nd.waitall()
     for name, param in net.collect_params().items():
         if param.grad_req == "null":
             np.testing.assert_array_equal(param.data().asnumpy(), stats[name], err_msg=name)
         else:
             assert not param.grad().asnumpy().any(), name
+            assert param.data()._fresh_grad, name  # pylint: disable=protected-access
 
 
 def test_half_batches_are_cast_on_the_device_not_in_numpy(monkeypatch):

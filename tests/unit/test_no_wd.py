@@ -12,7 +12,7 @@ import pytest
 from mxnet import autograd, gluon
 
 from hvdtrain.config import TrainConfig
-from hvdtrain.loop.engine.build import build_trainer
+from hvdtrain.classify.build import build_trainer
 from hvdtrain.loop.recipe.weight_decay import undecayed_params
 from hvdtrain.models import build_model
 from hvdtrain.store.dist import DistContext

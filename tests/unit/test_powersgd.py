@@ -229,7 +229,9 @@ def test_a_step_no_rank_had_a_sample_for_counts_as_a_step(store):
     """No update runs at such a step, nor an exchange; PowerSGD still counts it, so that its
     count is the run's step count, which a resume continues it from (the checkpoint's step):
     otherwise --powersgd-start-step would flip at another step after a resume."""
+    from hvdtrain.classify.processor import ClassifierProcessor, StepContext
     from hvdtrain.loop.engine.epoch import Loop, train_epoch
+    from hvdtrain.loop.engine.precision import Precision
     from hvdtrain.loop.engine.guard import FiniteGuard
     from hvdtrain.state.train_state import TrainState
     from hvdtrain.store.dist import DistContext
@@ -237,9 +239,11 @@ def test_a_step_no_rank_had_a_sample_for_counts_as_a_step(store):
     compression = PowerSGD(rank=2, start_step=0, seed=3)
     trainer = make_trainer(net, compression, store)
     dist = DistContext()
-    loop = Loop(net, trainer, [mx.cpu()], dist, lambda _: 0.1, FiniteGuard(dist, mx.cpu()),
-                steps_per_epoch=3, max_bad_samples="100", train_size=24)
     state = TrainState()
+    loop = Loop(net, trainer, [mx.cpu()], dist, lambda _: 0.1, FiniteGuard(dist, mx.cpu()),
+                steps_per_epoch=3, max_bad_samples="100", train_size=24,
+                processor=ClassifierProcessor(),
+                context=StepContext(net, trainer, [mx.cpu()], dist, Precision(), state))
     stats = train_epoch(loop, SkippingLoader(), state)
     assert stats.complete and state.step == 3 and stats.skipped == 8
     assert compression.steps == state.step

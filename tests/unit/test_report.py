@@ -176,8 +176,8 @@ def test_tensorboard_scalars_match_the_metrics_file(tmp_path):
     scalars = _tensorboard_scalars(tmp_path / "tb")
     epochs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()
               if '"epoch"' in l and json.loads(l)["event"] == "epoch"]
-    assert sorted(scalars) == ["test/acc", "test/loss", "train/acc", "train/loss", "train/lr",
-                               "train/samples_per_sec"]
+    assert sorted(scalars) == ["test/acc", "test/loss", "test/top5", "train/acc",
+                               "train/loss", "train/lr", "train/samples_per_sec"]
     for record in epochs:
         assert scalars["test/acc"][record["epoch"]] == pytest.approx(record["test_acc"])
         assert scalars["train/loss"][record["epoch"]] == pytest.approx(record["train_loss"])
@@ -209,7 +209,8 @@ def test_run_summary():
 def test_summary_names_only_what_is_written(tmp_path):
     """The library path (examples/cifar10_resnet18.py) writes metrics alone: the summary
     must not claim checkpoints or model.params, nor say nothing is written."""
-    from hvdtrain import MetricsWriter, Outputs
+    from hvdtrain import MetricsWriter
+    from hvdtrain.loop.run.outputs import Outputs
     metrics_only = Outputs(MetricsWriter(str(tmp_path / "metrics.jsonl")))
     assert metrics_only.written() == [str(tmp_path / "metrics.jsonl")]
     assert Outputs().written() == []

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from helpers import folder_digest
-from hvdtrain import job
+from hvdtrain import job  # noqa: F401
+from hvdtrain.estimator import estimator
 from hvdtrain.cli import parse_config
 from hvdtrain.config import ConfigError
 from hvdtrain.job import train
@@ -87,11 +88,11 @@ def test_each_candidate_is_read_and_checked_once(run_copy, monkeypatch):
                      lambda path, *_: checks.update([str(path)]))
     seen = {}
 
-    def fit(*_args, **_kwargs):  # stop counting here: saving reads the checkpoints again
+    def fit(_parts):  # stop counting here: saving reads the checkpoints again
         seen.update(reads=dict(reads), checks=dict(checks))
         return {}
 
-    monkeypatch.setattr(job, "fit", fit)
+    monkeypatch.setattr(estimator, "run_fit", fit)
     train(parse_config(QUICK + ["--epochs", "3", "--output-dir", str(run_copy),
                                 "--resume", "auto"]))
     both = {str(run_copy / "checkpoints" / name): 1 for name in ("epoch-0002", "epoch-0001")}
@@ -120,12 +121,12 @@ def test_a_damaged_newest_checkpoint_falls_back_at_restore(run_copy, monkeypatch
                                 "--resume", "auto"])
     restored = {}
 
-    def fit(net, *_args, **_kwargs):  # the parameters as restore left them
+    def fit(parts):  # the parameters as restore left them
         restored.update({name: p.data().asnumpy()
-                         for name, p in net._collect_params_with_prefix().items()})  # pylint: disable=protected-access
-        return {"state": _args[6]}  # (trainer, data, devices, dist, cfg, outputs, state...)
+                         for name, p in parts.net._collect_params_with_prefix().items()})  # pylint: disable=protected-access
+        return {"state": parts.state}
 
-    monkeypatch.setattr(job, "fit", fit)
+    monkeypatch.setattr(estimator, "run_fit", fit)
     run = train(cfg)
     assert (run.result["state"].epoch, run.result["state"].step) == (1, 23)
     assert sorted(restored) == sorted(expected)

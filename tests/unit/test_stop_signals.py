@@ -161,15 +161,15 @@ def test_a_save_due_at_an_epochs_last_step_is_left_to_the_epochs_end():
 def test_a_time_interval_follows_rank_0s_clock():
     clock = Clock()
     b = boundary("90s", clock=clock)
-    assert b.vote() == (0, 0, 0, 0)
+    assert b.vote() == (0, 0, 0, 0, 0)
     clock.now += 90
-    assert b.vote() == (0, 1, 0, 0)
+    assert b.vote() == (0, 1, 0, 0, 0)
     b.after_step(b.vote(), TrainState(step=7), last_of_epoch=False)
-    assert b.checkpointer.saves == [7] and b.vote() == (0, 0, 0, 0)  # a new interval starts
+    assert b.checkpointer.saves == [7] and b.vote() == (0, 0, 0, 0, 0)  # a new interval starts
     # Another rank's clock says nothing: only rank 0 votes for a timed save.
     other = Boundary(None, None, DistContext(rank=1, num_workers=2), None, "90s", clock=clock)
     clock.now += 1000
-    assert other.vote() == (0, 0, 0, 0)
+    assert other.vote() == (0, 0, 0, 0, 0)
 
 
 def test_a_stop_request_stops_without_a_save_of_its_own():
@@ -203,7 +203,7 @@ def test_a_failed_background_write_stops_every_rank_with_its_line():
     b.checkpointer.failure = OutputError("cannot write D/checkpoints/.tmp-x: no space left on "
                                          "device")
     votes = b.vote()
-    assert votes == (0, 0, 1, 0)
+    assert votes == (0, 0, 1, 0, 0)
     with pytest.raises(StoppedTogether) as stopped:
         b.after_step(votes, TrainState(step=4), last_of_epoch=False)
     assert stopped.value.line == ("hvdtrain: error: cannot write D/checkpoints/.tmp-x: no space "
@@ -235,8 +235,8 @@ def test_the_vote_reads_a_write_that_ends_failing_as_busy_then_failed():
     saver = Checkpointer("unused", enabled=True)
     saver._write = EndingWrite()  # pylint: disable=protected-access
     b = boundary("1steps", checkpointer=saver)
-    assert b.vote() == (0, 0, 0, 1)
-    assert b.vote() == (0, 0, 1, 0)
+    assert b.vote() == (0, 0, 0, 1, 0)
+    assert b.vote() == (0, 0, 1, 0, 0)
 
 
 def test_the_signal_thread_owns_its_descriptor(monkeypatch):

@@ -24,16 +24,14 @@ import logging
 import zlib
 from typing import Callable, List, Optional, Tuple
 
-from ...config import TrainConfig
+from ...config import RunConfig
 from ...report.log import info_on_every_rank, setup_logging
 from ...runtime import elastic_run
 from ...runtime.watchdog import ELASTIC_RESET, Watchdog, gloo_timeout
 from ...store.dist import DistContext
 from ...store.gluon_internals import params_by_place
-from ..engine import precision
 from .state import GluonState
-from ..run.fit import Outputs, fit
-from ..engine.schedule import effective_base_lr
+from ..run.fit import RunParts, fit
 from ...state.train_state import TrainState
 
 logger = logging.getLogger("hvdtrain")
@@ -48,12 +46,13 @@ def params_digest(net) -> str:
     return f"{crc:08x}"
 
 
-def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: TrainState,
-                run_dir, watchdog: Watchdog, policy: precision.Precision,
-                make_outputs: Callable[[DistContext], Outputs],
+def fit_elastic(net, trainer, store, cfg: RunConfig, position: TrainState, run_dir,
+                watchdog: Watchdog, make_run: Callable[[DistContext, TrainState, Callable],
+                                                       RunParts],
                 finish: Callable[[DistContext], None],
-                ema=None, signals=None) -> Tuple[DistContext, dict]:
-    """Train as :func:`fit` does, surviving the loss and the arrival of workers.
+                ema=None) -> Tuple[DistContext, dict]:
+    """Train as :func:`~hvdtrain.loop.run.fit.fit` does, surviving the loss and the arrival
+    of workers.
 
     Parameters
     ----------
@@ -63,16 +62,14 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         Where training starts (a resumed checkpoint's position, or the start).
     run_dir : RunDir
         Claimed again at every entry (rank 0 may be another process after a reset).
-    make_outputs : callable
-        ``make_outputs(dist)``: the metrics, checkpoint and TensorBoard writers of this
-        layout (rank 0 writes).
+    make_run : callable
+        ``make_run(dist, position, commit)``: the run's parts for this layout (its outputs,
+        rank 0's writers; its data split over the workers there are now), with the commit
+        hook to call.
     finish : callable
         ``finish(dist)``: what every rank does after the last epoch (the final save).
     ema : WeightAverage, optional
         ``--ema``'s average, committed, restored and synced with the model.
-    signals : StopSignals, optional
-        This rank's note of a stop request: as in any run, every rank stops at the same
-        step, the checkpoint is saved and :class:`~hvdtrain.loop.run.together.Preempted` raised.
 
     Returns
     -------
@@ -100,35 +97,38 @@ def fit_elastic(net, trainer, data, devices, store, cfg: TrainConfig, position: 
         watchdog.set_rank(dist.rank)
         watchdog.beat("start-up (elastic sync)")
         run_dir.claim(dist, elastic=True)
-        _announce(cfg, dist, state.position, sizes[-1] if sizes else None, len(devices),
-                  params_digest(net))
+        run = make_run(dist, state.position, commit)
+        before = _figures(cfg, sizes[-1], run) if sizes else None
+        _announce(cfg, dist, state.position, sizes[-1] if sizes else None, before,
+                  _figures(cfg, dist.num_workers, run), params_digest(net))
         sizes.append(dist.num_workers)
-        outputs = make_outputs(dist)
-        outputs.metrics.write("elastic", num_workers=dist.num_workers,
-                              previous_num_workers=sizes[-2] if len(sizes) > 1 else None,
-                              **_figures(cfg, dist.num_workers, len(devices)),
-                              epoch=state.position.epoch, step=state.position.step,
-                              epoch_samples=state.position.epoch_samples)
+        run.outputs.metrics.write("elastic", num_workers=dist.num_workers,
+                                  previous_num_workers=sizes[-2] if len(sizes) > 1 else None,
+                                  **_figures(cfg, dist.num_workers, run),
+                                  epoch=state.position.epoch, step=state.position.step,
+                                  epoch_samples=state.position.epoch_samples)
         with elastic_run.collective_errors():
-            result = fit(net, trainer, data, devices, dist, cfg, outputs, state.position,
-                         watchdog, policy, commit, signals=signals, ema=ema)
+            result = fit(run)
             finish(dist)
         return dist, result
 
     return elastic_run.run(train, around_reset=lambda: watchdog.busy(ELASTIC_RESET))(state)
 
 
-def _figures(cfg: TrainConfig, num_workers: int, num_devices: int) -> dict:
-    """The global batch and the base learning rate at this world size (the policy)."""
-    return dict(global_batch=cfg.global_batch(cfg.batch_size * num_devices, num_workers),
-                base_lr=effective_base_lr(cfg.lr, cfg.lr_scaling, num_workers))
+def _figures(cfg: RunConfig, num_workers: int, run: RunParts) -> dict:
+    """The global batch and the base learning rate at `num_workers` (the policy: each
+    worker keeps its batch; the rate follows --lr-scaling)."""
+    rate = run.base_lr
+    if rate is not None and cfg.lr_scaling == "linear":
+        rate = rate / run.dist.num_workers * num_workers
+    return dict(global_batch=cfg.global_batch(run.train_feed.batch_size, num_workers),
+                base_lr=rate)
 
 
-def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
-              previous: Optional[int], num_devices: int, digest: str) -> None:
+def _announce(cfg: RunConfig, dist: DistContext, position: TrainState,
+              previous: Optional[int], before: Optional[dict], now: dict, digest: str) -> None:
     """Rank 0 says where training (re)starts and what the resize changed; every rank
     names the digest of its arrays (equal everywhere after the sync)."""
-    now = _figures(cfg, dist.num_workers, num_devices)
     where = (f"epoch {position.epoch + 1}, step {position.step}, {position.epoch_samples} "
              f"samples into the epoch")
     if previous is None:
@@ -138,10 +138,14 @@ def _announce(cfg: TrainConfig, dist: DistContext, position: TrainState,
                     dist.num_workers, where, cfg.commit_interval, cfg.batch_size,
                     cfg.lr_scaling, gloo_timeout())
     else:
-        before = _figures(cfg, previous, num_devices)
         logger.info("elastic reset: %d -> %d worker(s), continuing at %s; global batch "
-                    "%d -> %d, lr %g -> %g (--lr-scaling %s)", previous, dist.num_workers,
-                    where, before["global_batch"], now["global_batch"], before["base_lr"],
-                    now["base_lr"], cfg.lr_scaling)
+                    "%d -> %d, lr %s -> %s (--lr-scaling %s)", previous, dist.num_workers,
+                    where, before["global_batch"], now["global_batch"], _rate(before),
+                    _rate(now), cfg.lr_scaling)
     info_on_every_rank(logger, "elastic: rank %d of %d synced at step %d, arrays %s",
                        dist.rank, dist.num_workers, position.step, digest)
+
+
+def _rate(figures: dict) -> str:
+    rate = figures["base_lr"]
+    return "the optimizer's own" if rate is None else f"{rate:g}"

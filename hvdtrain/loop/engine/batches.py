@@ -1,8 +1,11 @@
-"""One batch over a worker's devices, including batches smaller than the device count."""
+"""One batch over a worker's devices, including batches smaller than the device count, and
+the gradients of devices that got no part of it."""
 from __future__ import annotations
 
 import mxnet as mx
-from mxnet import autograd, gluon
+from mxnet import gluon
+
+from ...store.gluon_internals import backward_ran, empty_gradients
 
 
 def split_batch(images, labels, devices, dtype="float32"):
@@ -30,18 +33,23 @@ def split_batch(images, labels, devices, dtype="float32"):
     return xs, ys, devices[len(used):]
 
 
-def zero_gradients(net, sample, device):
-    """Write zero gradients, as fresh ones, on a `device` that got no part of the batch:
-    the Trainer refuses stale gradients, and the store sums every device's copy.
+def settle_idle_devices(params, num_devices: int) -> int:
+    """Give every device on which no backward pass ran since the last update (its rank's
+    whole batch was unusable, or a batch smaller than the devices left it without a part)
+    the gradients of a backward pass over nothing: zeros, marked fresh
+    (:func:`~hvdtrain.store.gluon_internals.empty_gradients`). The store sums every device's
+    and every rank's copy, and the Trainer refuses stale ones. Returns how many devices it
+    settled.
 
-    They come from the backward pass of a zero loss on one `sample`, so only public API is
-    used. Forward and backward both run in predict mode, which keeps BatchNorm's running
-    statistics out of it (MXNet 1.x moves them in the backward pass).
-    """
-    sample = sample.as_in_context(device)
-    with autograd.record(train_mode=False):
-        zero = net(sample).sum() * 0
-    autograd.backward([zero], train_mode=False)
+    A device counts as idle when none of `params` (those that take a gradient) was written
+    there: one a backward pass reached is left alone, whatever it holds."""
+    trained = [p for p in params if p.grad_req != "null"]
+    settled = 0
+    for device in range(num_devices):
+        if trained and not any(backward_ran(p, device) for p in trained):
+            empty_gradients(trained, device)
+            settled += 1
+    return settled
 
 
 def accumulate_gradients(net) -> None:

@@ -1,12 +1,20 @@
-"""One epoch of training: the step every rank repeats, and the state it advances.
+"""One epoch of training, for any model: the step every rank repeats, and the state it
+advances.
 
-One step: split the batch over the worker's devices, forward and backward under autograd,
-``trainer.step(global batch)``. With ``accumulate`` N > 1, N micro-batches add their
-gradients (``grad_req='add'``) before one ``step`` over all their samples. The store *sums*
-gradients over workers and ``step`` divides by the samples that contributed on all workers
-together (:class:`~hvdtrain.loop.engine.counts.StepCounts`), so the update uses the gradient
-averaged over the global batch, the same divisor on every rank even when a streamed loader
-left an unusable sample out of one rank's batch, and ``--lr`` is the rate for that batch.
+A batch is whatever the feed yields; the run's batch processor turns it into a forward and
+backward pass (``fit_batch``) and says how many samples it holds (``batch_samples``). One
+step: the processor's forward and backward over the batch (``accumulate`` N > 1:
+N micro-batches add their gradients, ``grad_req='add'``), then ``trainer.step(global
+count)``. The store *sums* gradients over workers and ``step`` divides by the samples that
+contributed on all workers together (:class:`~hvdtrain.loop.engine.counts.StepCounts`), so
+the update uses the gradient averaged over the global batch, the same divisor on every rank
+even when a batch held fewer usable samples on one rank, and the learning rate is the rate
+for that batch. A rank (or a device) with no sample in a step runs no pass at all: its
+gradients are zeros, marked fresh (:func:`~.batches.settle_idle_devices`).
+
+Batch handlers (the Estimator's ``batch_begin``/``batch_end``) run around every batch that
+holds a sample; a ``batch_end`` that asks to end the epoch is agreed by the ranks through the
+next step's exchange (the step that carries the request is not applied) or, alone, at once.
 """
 from __future__ import annotations
 
@@ -16,23 +24,18 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import mxnet as mx
-from mxnet import autograd, gluon
 
 from . import precision
-from ..run.boundary import Boundary
-from .batches import clear_gradients, split_batch, zero_gradients
-from ..recipe.clipping import GradClipper
-from ..recipe.ema import WeightAverage
-from ..recipe.mixing import Mixing, mixed_batch
+from .batches import clear_gradients, settle_idle_devices
 from .counts import StepCounts, check_bad_samples
-from ...store.dist import DistContext
-from .evaluate import tally_batch
 from .guard import FiniteGuard
 from ...report.progress import progress_bar
 from ...runtime.watchdog import Watchdog
 from ...state import compression_state
 from ...state.train_state import TrainState
-from ...store.gluon_internals import set_loss_scale
+from ...store.dist import DistContext
+from ...store.gluon_internals import (discard_gradients, mark_gradients_used, set_loss_scale,
+                                      trainer_params)
 
 logger = logging.getLogger("hvdtrain")
 
@@ -43,31 +46,46 @@ PROGRESS_EVERY = 10  # steps between loss and throughput updates of the progress
 class EpochStats:
     """Training totals of one epoch over all ranks."""
 
-    loss: float
-    accuracy: float
+    loss: float  # the mean of the per-sample training losses
     samples: int
     seconds: float
-    complete: bool = True
+    complete: bool = True  # every batch of the epoch ran
     steps: int = 0  # optimizer steps this rank ran in it (this run's part of the epoch)
-
     skipped: int = 0  # samples left out as unusable, over all ranks (this run's part)
     # ... and over the whole epoch, the part before a stop and resume inside it included
     epoch_skipped: int = 0
+    ended: bool = False  # a batch handler ended the epoch before its last batch
 
     @property
     def samples_per_sec(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
 
+class BatchHooks:
+    """What runs around every batch besides the step: the Estimator's batch handlers. The
+    default runs nothing."""
+
+    def batch_begin(self, batch) -> None:
+        """Before the batch's forward pass."""
+
+    def batch_end(self, batch, out) -> bool:
+        """After it (and after the step's update, on a step's last batch); `out` is the
+        processor's (data, label, pred, loss). True asks to end the epoch."""
+        return False
+
+
 @dataclass
 class Loop:
-    """What every step of a run uses: the model, its trainer and where it runs."""
+    """What every step of a run uses: the model, its trainer, where it runs, and what turns
+    a batch into a forward and backward pass."""
 
     net: object
-    trainer: gluon.Trainer
+    trainer: object
     devices: list
     dist: DistContext
-    lr_for_step: Callable[[int], float]
+    # The schedule: the learning rate of each optimizer step (counted from 0 over the run);
+    # None leaves the trainer's own rate alone.
+    lr_for_step: Optional[Callable[[int], float]]
     guard: FiniteGuard
     steps_per_epoch: int = 0
     max_steps: Optional[int] = None
@@ -75,47 +93,35 @@ class Loop:
     progress: bool = False
     policy: precision.Precision = precision.Precision()
     watchdog: Optional[Watchdog] = None
-    label_smoothing: float = 0.0
     accumulate: int = 1  # micro-batches per optimizer step
-    max_bad_samples: str = "1%"  # unusable training samples an epoch may have (--max-bad-samples)
+    max_bad_samples: str = "1%"  # unusable training samples an epoch may have
     train_size: int = 0  # samples of the training split (what the limit is a share of)
     # Elastic training's hook, called as commit(state, "step") after every step but an
     # epoch's last (fit calls it at the epoch's end: see fit).
     commit: Optional[Callable[[TrainState, str], None]] = None
     # Save and stop decisions, voted with each step's counts (loop/run/boundary.py).
-    boundary: Optional[Boundary] = None
-    # The training recipe (docs/training.md): --mixup/--cutmix, --clip-grad-norm, --ema.
-    mixing: Optional[Mixing] = None
-    clipper: Optional[GradClipper] = None
-    ema: Optional[WeightAverage] = None
-
-
-def training_loss(smoothing: float):
-    """Softmax cross-entropy against the labels, or (`smoothing` > 0) against targets of
-    ``1 - smoothing + smoothing / classes`` for the true class and ``smoothing / classes``
-    for every other (GluonCV's ``--label-smoothing``)."""
-    if not smoothing:
-        return gluon.loss.SoftmaxCrossEntropyLoss()
-    dense = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
-
-    def smoothed(out, label):
-        classes = out.shape[1]
-        target = mx.nd.one_hot(label, classes, on_value=1 - smoothing + smoothing / classes,
-                               off_value=smoothing / classes)
-        return dense(out, target.astype(out.dtype, copy=False))
-    return smoothed
+    boundary: Optional[object] = None
+    # --clip-grad-norm's clipper and --ema's average (loop/recipe/).
+    clipper: Optional[object] = None
+    ema: Optional[object] = None
+    # The batch processor (fit_batch, batch_samples), what it and the handlers are given as
+    # "the estimator", the batch axis it splits on, and the batch handlers.
+    processor: Optional[object] = None
+    context: Optional[object] = None
+    batch_axis: int = 0
+    hooks: BatchHooks = BatchHooks()
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
-    """Run one epoch (or until `max_steps`) and return its totals over all ranks
+    """Run one epoch (or until ``max_steps``) and return its totals over all ranks
     (this rank's own under ``dist_async``).
 
-    Loss and accuracy accumulate on the device; the host reads them only at log intervals,
-    finite checks and the end of the epoch, so steps are not serialised by host syncs.
+    The loss accumulates on the device; the host reads it only at log intervals, finite
+    checks and the end of the epoch, so steps are not serialised by host syncs.
     """
-    loss_fn = training_loss(loop.label_smoothing)
     dist, device = loop.dist, loop.devices[0]
-    correct = mx.nd.zeros(1, ctx=device)
+    params = trainer_params(loop.trainer)
+    amp_scaled = loop.policy.amp
     loss_sum = mx.nd.zeros(1, ctx=device)
     samples = 0
     bar = progress_bar(loop.progress, len(loader), f"epoch {state.epoch + 1}")
@@ -128,69 +134,88 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     per_epoch = loop.steps_per_epoch or steps_left
     done = max(per_epoch - steps_left, 0)
     ran, steps, step_used, step_skipped, skipped = 0, 0, 0, 0, 0
-    # A loader that can leave unusable samples out (streamed images) makes batches of
-    # different sizes on different ranks: the step's divisor is summed over them. So is
-    # every rank's vote on saving and stopping, in every run that has one (all but --elastic):
-    # one exchange a step whatever the loader.
+    step_loss = None  # this step's loss sum, added to the epoch's once the step is applied
+    # Every rank's sample counts and its votes (save, stop, end the epoch) are summed once a
+    # step in every synchronous run of several workers that votes, whatever the loader.
     boundary = loop.boundary
     counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
         boundary is not None or hasattr(loader, "skipped")))
-    mixing = loop.mixing if loop.mixing is not None and loop.mixing.active(state.epoch) else None
+    end_asked, ended = False, False  # a batch handler asked to end the epoch
     start = time.perf_counter()
-    for batch, (images, labels) in enumerate(loader, 1):
-        if (batch - 1) % accumulate == 0:  # the first micro-batch of a step
+    for batch_number, batch in enumerate(loader, 1):
+        if (batch_number - 1) % accumulate == 0:  # the first micro-batch of a step
             # --max-steps and a stop request stop at a step boundary only: a checkpoint
             # never holds part of a step's gradient sum.
             if (loop.max_steps is not None and state.step >= loop.max_steps) or \
                     (boundary is not None and boundary.stopping):
                 break
-            # The schedule follows the position in the epoch, so it does not depend on how
-            # many workers earlier epochs ran with (a resumed run may have a different count).
-            loop.trainer.set_learning_rate(
-                loop.lr_for_step(state.epoch * per_epoch + done + steps))
-        last_of_step = batch % accumulate == 0 or batch == micro_batches
+            if end_asked and not counts.exchange:  # alone, the request needs no vote
+                ended = True
+                break
+            if loop.lr_for_step is not None:
+                # The schedule follows the position in the epoch, so it does not depend on
+                # how many workers earlier epochs ran with.
+                loop.trainer.set_learning_rate(
+                    loop.lr_for_step(state.epoch * per_epoch + done + steps))
+        last_of_step = batch_number % accumulate == 0 or batch_number == micro_batches
         # Positions of the epoch's order this batch consumed (the last batch may be short).
-        positions = min(loader.batch_size, len(loader.sampler) - (batch - 1) * loader.batch_size)
-        step_used += len(labels)
-        step_skipped += positions - len(labels)
+        positions = min(loader.batch_size,
+                        len(loader.sampler) - (batch_number - 1) * loader.batch_size)
+        used = loop.processor.batch_samples(batch, loop.batch_axis)
+        step_used += used
+        step_skipped += positions - used
         if last_of_step:  # summed over the workers while this batch computes
-            counts.submit(step_used, step_skipped, boundary.vote() if boundary else ())
-        if len(labels):
-            # Drawn from where the batch starts in the epoch's order: a resume repeats it.
-            draw = None if mixing is None else mixing.draw(
-                state.epoch, state.epoch_samples, dist.rank, *images.shape[2:])
-            batch_loss = _forward_backward(loop, loss_fn, images, labels, device, correct,
-                                           loss_sum, draw)
+            votes = boundary.vote(end=end_asked) if boundary is not None else ()
+            counts.submit(step_used, step_skipped, votes)
+        out = None
+        if used:
+            loop.hooks.batch_begin(batch)
+            out = loop.processor.fit_batch(loop.context, batch, loop.batch_axis)
+            batch_loss = _loss_sum(out[3], device)
+            step_loss = batch_loss if step_loss is None else step_loss + batch_loss
             loop.guard.observe(batch_loss, state.step + 1)
-        else:
-            # Every sample of this batch was unusable: this rank adds nothing, but its
-            # gradients must still be fresh zeros, as the step exchanges and checks them.
-            sample = mx.nd.zeros((1,) + images.shape[1:], dtype=loop.policy.input_dtype)
-            for each in loop.devices:
-                zero_gradients(loop.net, sample, each)
-        samples += len(labels)
         # Positions of the epoch's order consumed, not samples trained on: a resume must
         # start after the unusable ones too.
         state.epoch_samples += loader.batch_size * dist.num_workers
-        ran = batch
+        ran = batch_number
         if bar is not None:
             bar.update(1)
         if not last_of_step:
+            if out is not None:
+                end_asked |= bool(loop.hooks.batch_end(batch, out))
             continue  # more micro-batches add to this step's gradients
-        used, left_out, votes = counts.result()
+        total_used, left_out, votes = counts.result()
+        if boundary is not None and boundary.ends_epoch(votes):
+            # A handler asked to end the epoch after the step before: every rank learns it
+            # here, with this step's counts. This step is not applied, and the epoch ends
+            # where the handler asked.
+            discard_gradients(params)
+            state.epoch_samples -= (batch_number - (batch_number - 1) // accumulate *
+                                    accumulate) * loader.batch_size * dist.num_workers
+            ran, ended = batch_number - ((batch_number - 1) % accumulate + 1), True
+            break
         skipped += left_out
         state.epoch_skipped += left_out  # the epoch's, across a stop and resume inside it
+        samples += step_used
+        if step_loss is not None:
+            loss_sum += step_loss
+            step_loss = None
+        if step_used < len(loop.devices):
+            # A device with no backward pass this step (no sample for it) adds zeros.
+            settle_idle_devices(params, len(loop.devices))
         if dist.synchronous:
             # The gradients summed over the step's micro-batches and the workers: the
             # update averages them over all the samples they came from, on every rank.
-            if used:
-                _update(loop, used, state.step + 1)
+            if total_used:
+                _update(loop, total_used, state.step + 1)
             else:  # no sample anywhere: no update, but the run's step count goes on
                 compression_state.step_skipped(loop.trainer)
         elif step_used:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
             # first step: a short last batch is scaled as a full one.
             loop.trainer.step(loader.batch_size)
+        if amp_scaled:  # an update AMP skipped for an overflow leaves them marked fresh
+            mark_gradients_used(params)
         if accumulate > 1:
             clear_gradients(loop.net)
         step_used, step_skipped = 0, 0
@@ -199,38 +224,56 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         loop.guard.check(state.step)
         if left_out:  # the same global figures on every rank: all stop together
             check_bad_samples("training", state.epoch_skipped, loop.train_size,
-                              loop.max_bad_samples, loader.skipped, state.epoch)
+                              loop.max_bad_samples, getattr(loader, "skipped", []),
+                              state.epoch)
         if loop.watchdog is not None:
             loop.watchdog.beat(f"training step {state.step} (epoch {state.epoch + 1})")
         if boundary is not None:
-            boundary.after_step(votes, state, last_of_epoch=batch == micro_batches)
-        if loop.commit is not None and batch != micro_batches:
+            boundary.after_step(votes, state, last_of_epoch=batch_number == micro_batches)
+        if loop.commit is not None and batch_number != micro_batches:
             loop.commit(state, "step")
-        if bar is not None:
-            if steps % PROGRESS_EVERY == 0:  # reading the loss waits for the device
-                bar.set_postfix(loss=f"{loss_sum.asscalar() / max(samples, 1):.4f}",
-                                img_s=f"{samples * dist.num_workers / (time.perf_counter() - start):.0f}")
-        elif loop.log_interval and steps % loop.log_interval == 0 and \
-                logger.isEnabledFor(logging.INFO):
-            elapsed = time.perf_counter() - start
-            logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
-                        done + steps, per_epoch, loss_sum.asscalar() / max(samples, 1),
-                        samples * dist.num_workers / elapsed)
+        if out is not None:
+            end_asked |= bool(loop.hooks.batch_end(batch, out))
+        _report(loop, bar, steps, done, per_epoch, loss_sum, samples, start)
     if bar is not None:
         bar.close()
     loop.guard.check(state.step, force=True)
-    totals = mx.nd.concat(loss_sum, correct, mx.nd.array([samples], ctx=device), dim=0)
+    totals = mx.nd.concat(loss_sum, mx.nd.array([samples], ctx=device), dim=0)
     totals.wait_to_read()
     seconds = time.perf_counter() - start
     if dist.synchronous:
         totals = dist.sum_across_workers("train_totals", totals.as_in_context(mx.cpu()))
-    loss_total, correct_total, seen = (float(v) for v in totals.asnumpy())
+    loss_total, seen = (float(v) for v in totals.asnumpy())
     if skipped and ran == micro_batches:  # a whole pass: was anything usable at all?
         check_bad_samples("training", state.epoch_skipped, loop.train_size,
-                          loop.max_bad_samples, loader.skipped, state.epoch, used=int(seen))
-    return EpochStats(loss=loss_total / max(seen, 1), accuracy=correct_total / max(seen, 1),
-                      samples=int(seen), seconds=seconds, complete=ran == micro_batches,
-                      steps=steps, skipped=skipped, epoch_skipped=state.epoch_skipped)
+                          loop.max_bad_samples, getattr(loader, "skipped", []), state.epoch,
+                          used=int(seen))
+    return EpochStats(loss=loss_total / max(seen, 1), samples=int(seen), seconds=seconds,
+                      complete=ran == micro_batches and not ended, steps=steps,
+                      skipped=skipped, epoch_skipped=state.epoch_skipped, ended=ended)
+
+
+def _report(loop: Loop, bar, steps: int, done: int, per_epoch: int, loss_sum, samples: int,
+            start: float) -> None:
+    """The progress bar's figures, or a log line at ``log_interval``."""
+    if bar is not None:
+        if steps % PROGRESS_EVERY == 0:  # reading the loss waits for the device
+            bar.set_postfix(loss=f"{loss_sum.asscalar() / max(samples, 1):.4f}",
+                            img_s=f"{samples * loop.dist.num_workers / (time.perf_counter() - start):.0f}")
+    elif loop.log_interval and steps % loop.log_interval == 0 and \
+            logger.isEnabledFor(logging.INFO):
+        elapsed = time.perf_counter() - start
+        logger.info("  step %d/%d  loss %.4f (rank 0)  %.1f samples/s (global)",
+                    done + steps, per_epoch, loss_sum.asscalar() / max(samples, 1),
+                    samples * loop.dist.num_workers / elapsed)
+
+
+def _loss_sum(losses, device) -> mx.nd.NDArray:
+    """A batch's losses (an NDArray or a list of them, one per device) summed into a (1,)
+    float32 NDArray on `device`, not waited for."""
+    losses = losses if isinstance(losses, (list, tuple)) else [losses]
+    parts = [l.sum().astype("float32").as_in_context(device) for l in losses]
+    return mx.nd.add_n(*parts) if len(parts) > 1 else parts[0]
 
 
 def _update(loop: Loop, samples: int, step: int) -> None:
@@ -245,28 +288,3 @@ def _update(loop: Loop, samples: int, step: int) -> None:
         loop.trainer.step(samples)
     if loop.ema is not None:
         loop.ema.update(step)
-
-
-def _forward_backward(loop: Loop, loss_fn, images, labels, device, correct, loss_sum,
-                      draw=None):
-    """Forward and backward of one (micro-)batch over the worker's devices, mixed by
-    `draw` (``--mixup``/``--cutmix``) when given; adds its correct count (against the
-    dominant labels of a mixed batch) and loss sum to the epoch's (on `device`) and returns
-    the loss sum."""
-    if draw is None:
-        xs, ys, idle = split_batch(images, labels, loop.devices, loop.policy.input_dtype)
-        targets = ys
-    else:
-        xs, targets, ys, idle = mixed_batch(loop.mixing, draw, images, labels, loop.devices,
-                                            loop.policy.input_dtype)
-        loss_fn = loop.mixing.loss
-    with autograd.record():
-        outs = [loop.net(x) for x in xs]
-        losses = [loss_fn(o, t) for o, t in zip(outs, targets)]
-    loop.policy.backward(losses, loop.trainer)
-    for idle_device in idle:  # an epoch's last batch had fewer samples than devices
-        zero_gradients(loop.net, xs[0][:1], idle_device)
-    batch_correct, batch_loss = tally_batch(outs, ys, losses, device)
-    correct += batch_correct
-    loss_sum += batch_loss
-    return batch_loss

@@ -1,18 +1,19 @@
-"""The training recipe's parts a run carries through :func:`~hvdtrain.loop.run.fit.fit`: the
-mixing of batches, gradient clipping and the moving average, with what each adds to an
-epoch's metrics record, its log line and its checkpoint. (``--no-wd`` and ``--last-gamma``
-act once, when the trainer and the model are built: :mod:`.weight_decay`,
-:mod:`.last_gamma`.)
+"""The training recipe's parts a run of any model carries through
+:func:`~hvdtrain.loop.run.fit.fit`: gradient clipping and the moving average, with what each
+adds to an epoch's metrics record, its log line and its checkpoint. (``--no-wd`` and
+``--last-gamma`` act once, when the trainer and the model are built:
+:mod:`.weight_decay`, :mod:`.last_gamma`; mixing is image classification's, in its batch
+processor: :mod:`hvdtrain.classify.processor`.)
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from .clipping import GradClipper
 from .ema import EMA_PARAMS, WeightAverage
-from .mixing import MEASURES, Mixing
+from .mixing import MEASURES
 from ..engine.schedule import warmup_steps
 
 logger = logging.getLogger("hvdtrain")
@@ -20,15 +21,13 @@ logger = logging.getLogger("hvdtrain")
 
 @dataclass
 class Recipe:
-    """``--mixup``/``--cutmix``, ``--clip-grad-norm`` and ``--ema`` of one run (each None
-    when off)."""
+    """``--clip-grad-norm`` and ``--ema`` of one run (each None when off)."""
 
-    mixing: Optional[Mixing] = None
     clipper: Optional[GradClipper] = None
     ema: Optional[WeightAverage] = None
 
     @classmethod
-    def of(cls, cfg, net, dist, classes: int, steps_per_epoch: int,
+    def of(cls, cfg, net, dist, steps_per_epoch: int,
            ema: Optional[WeightAverage] = None) -> "Recipe":
         """The parts `cfg` turns on; `ema`, the job's average (it outlives one ``fit``: an
         elastic job enters ``fit`` again after a reset), or a fresh one from the model as
@@ -42,30 +41,25 @@ class Recipe:
                                "updates every %d (--ema-every): it never moves from the "
                                "starting model; give --ema-every %d or less",
                                total, ema.every, max(total, 1))
-        return cls(Mixing.of(cfg, classes), GradClipper.of(cfg, net, dist), ema)
+        return cls(GradClipper.of(cfg, net, dist), ema)
 
     def statistics(self) -> List:
         """Arrays to average over the ranks with the model's running statistics."""
         return self.ema.statistics() if self.ema is not None else []
 
-    def train_figures(self, epoch: int) -> dict:
-        """What an epoch's record adds about its training: what ``train_acc`` counted and
-        the clipping figures since the last call."""
-        mixed = self.mixing is not None and self.mixing.active(epoch)
-        figures = {"train_acc_measures": MEASURES[mixed]}
-        if self.clipper is not None:
-            figures.update(self.clipper.take())
-        return figures
+    def train_figures(self) -> dict:
+        """What an epoch's record adds about its training: the clipping figures since the
+        last call."""
+        return self.clipper.take() if self.clipper is not None else {}
 
-    def ema_figures(self, evaluate: Callable[[], object]) -> dict:
-        """`evaluate()` again with the average in the model: its figures, as an epoch's
-        record names them (none without ``--ema``)."""
+    def ema_figures(self, evaluate: Callable[[], Dict[str, Optional[float]]]) -> dict:
+        """`evaluate()` again with the average in the model: its figures (the record's
+        names, "ema_" in front; none without ``--ema``)."""
         if self.ema is None:
             return {}
         with self.ema.applied():
-            result = evaluate()
-        return dict(ema_test_acc=result.accuracy, ema_test_top5=result.top5,
-                    ema_test_loss=result.loss)
+            figures = evaluate()
+        return {f"ema_{name}": value for name, value in figures.items()}
 
     def attach(self, checkpointer) -> None:
         """Make each checkpoint hold the average (``ema.params``, named in its meta)."""

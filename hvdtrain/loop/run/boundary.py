@@ -8,7 +8,10 @@ step's last forward pass so it completes under the compute). The numbers are
 - ``stop``: this rank was asked to stop (a signal, its launcher gone; runtime/stop_signals.py);
 - ``save``: rank 0's clock says a timed checkpoint is due (``--checkpoint-every 30m``);
 - ``failed``: rank 0's background checkpoint write failed (a full disk);
-- ``busy``: rank 0's background write is still running.
+- ``busy``: rank 0's background write is still running;
+- ``end``: a batch handler of this rank asked to end the epoch after the step before (an
+  Estimator handler's ``batch_end`` returned True): every rank ends it at this step, which
+  is not applied.
 
 Summed, they are the same on every rank, so every rank takes the same decision at the same
 step, with no round trip of its own. Step intervals (``500steps``) need no vote: the step
@@ -40,7 +43,7 @@ from .together import Preempted, leave_together, stopped_by_failed_write, write_
 
 logger = logging.getLogger("hvdtrain")
 
-VOTES = ("stop", "save", "failed", "busy")
+VOTES = ("stop", "save", "failed", "busy", "end")
 
 
 def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -> HostCopy:
@@ -118,17 +121,23 @@ class Boundary:
             why += f"; {self.stopping} of {self.dist.num_workers} ranks asked"
         return why
 
-    def vote(self) -> Tuple[int, int, int, int]:
-        """This rank's vote, in the order of :data:`VOTES`."""
+    def vote(self, end: bool = False) -> Tuple[int, int, int, int, int]:
+        """This rank's vote, in the order of :data:`VOTES`; `end`: a batch handler asked to
+        end the epoch."""
         saver = self.checkpointer if self.dist.is_root else None
         due = self.kind == "seconds" and self.dist.is_root and \
             self._clock() - self._last_save >= self.amount
         failed, busy = saver.write_status() if saver is not None else (False, False)
-        return int(self.reason is not None), int(due), int(failed), int(busy)
+        return int(self.reason is not None), int(due), int(failed), int(busy), int(end)
+
+    @staticmethod
+    def ends_epoch(votes: Sequence[int]) -> bool:
+        """Whether the step's summed `votes` end the epoch before the step is applied."""
+        return len(votes) > 4 and int(votes[4]) > 0
 
     def after_step(self, votes: Sequence[int], state, last_of_epoch: bool) -> None:
         """Act on the step's summed `votes` (every rank alike), `state` past the step."""
-        stop, save, failed, busy = (int(v) for v in votes)
+        stop, save, failed, busy = (int(v) for v in votes[:4])
         if failed:
             raise self._write_failed(state.step)
         if stop:
@@ -169,15 +178,17 @@ class Boundary:
         self.pending = False
         self._last_save = self._clock()
 
-    def stop_agreed(self) -> int:
+    def stop_agreed(self, end: bool = False) -> Tuple[int, bool]:
         """Every rank, at an epoch's end: how many ranks asked to stop during its last step,
-        its evaluation or its writes (one small collective per epoch, none per step)."""
-        asked = int(self.reason is not None)
+        its evaluation or its writes, and whether any rank's handlers asked to end training
+        (`end`, this rank's: an ``epoch_end`` handler returned True). One small collective
+        per epoch, none per step."""
+        votes = [int(self.reason is not None), int(bool(end))]
         if self.dist.num_workers > 1 and self.dist.synchronous:
-            asked = int(self.dist.sum_across_workers("stop_vote", mx.nd.array([asked]))
-                        .asnumpy()[0])
-        self.stopping = max(self.stopping, asked)
-        return self.stopping
+            votes = [int(v) for v in self.dist.sum_across_workers(
+                "stop_vote", mx.nd.array(votes)).asnumpy()]
+        self.stopping = max(self.stopping, votes[0])
+        return self.stopping, votes[1] > 0
 
     def preempted(self, state, path: Optional[str], samples_in_epoch: int) -> Preempted:
         """What every rank raises once the stop's checkpoint (`path`, None when nothing is

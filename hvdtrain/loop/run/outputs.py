@@ -7,18 +7,23 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mxnet as mx
 
+from ...config import RunConfig
+from ...options import interval_of
 from ...report.log import MetricsWriter
 from ...report.progress import TensorBoardWriter
 from ...runtime.watchdog import Watchdog
 from ...state.checkpoint import Checkpointer
+from ...state.loss_scale import loss_scale_state
+from ...state.writes import check_writable_dir
 from ...state.checkpoint_files import CHECKPOINTS
 from ...state.train_state import TrainState
 from ...state.writes import OutputError
 from ...store.dist import DistContext
+from .boundary import host_copy
 
 logger = logging.getLogger("hvdtrain")
 
@@ -46,6 +51,38 @@ class Outputs:
         if self.tensorboard is not None and self.tensorboard.writer is not None:
             paths.append(self.tensorboard.writer.logdir + "/ (TensorBoard)")
         return paths
+
+
+def build_checkpointer(cfg: RunConfig, dist: DistContext, worker_batch: int,
+                       meta: Optional[Dict] = None) -> Checkpointer:
+    """Rank 0's checkpoint writer (a no-op elsewhere, or without an output folder); `meta`
+    is more of every checkpoint's ``meta.json`` (the model, its card)."""
+    meta = dict({"config": cfg.to_dict(), "num_workers": dist.num_workers,
+                 "global_batch": cfg.global_batch(worker_batch, dist.num_workers),
+                 "sampler_seed": cfg.seed, "kvstore": cfg.kvstore}, **(meta or {}))
+    unit, every = interval_of(cfg.checkpoint_every)
+    # Written in the background from a host copy, except under --elastic, whose resets
+    # would run beside a write.
+    saver = Checkpointer(cfg.output_dir, int(every) if unit == "epochs" else None,
+                         cfg.keep_checkpoints, enabled=dist.is_root, meta=meta,
+                         with_states=dist.synchronous,
+                         host_copy=None if cfg.elastic else host_copy)
+    saver.extra = loss_scale_state
+    return saver
+
+
+def build_outputs(cfg: RunConfig, dist: DistContext, worker_batch: int,
+                  meta: Optional[Dict] = None,
+                  final_files: Tuple[str, ...] = ("model.params",)) -> Outputs:
+    """Metrics file, checkpoints and TensorBoard scalars, all written by rank 0 alone;
+    `final_files` are what the run saves at its end (for the summary to name)."""
+    if dist.is_root and cfg.tensorboard:  # before anything is written
+        check_writable_dir(cfg.tensorboard, "--tensorboard")
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl") if cfg.output_dir else None
+    return Outputs(MetricsWriter(metrics_path, dist.is_root),
+                   build_checkpointer(cfg, dist, worker_batch, meta),
+                   TensorBoardWriter(cfg.tensorboard, dist.is_root), cfg.output_dir,
+                   final_files)
 
 
 def count_skipped(stats, test_loader, dist: DistContext, epoch: int,
@@ -77,19 +114,6 @@ def count_skipped(stats, test_loader, dist: DistContext, epoch: int,
     return dict(skipped_train_samples=train, skipped_val_samples=val)
 
 
-def figures(stats, result, trainer, dist: DistContext, batch_size: int) -> dict:
-    """What an epoch's record and a stop's record both say about the training measured;
-    the test figures are None when the stop skipped the evaluation (`result` None)."""
-    # The sample counts over all ranks, so that a reader can check each epoch's coverage.
-    tested = dict(test_acc=None, test_samples=None, test_top5=None, test_loss=None)
-    if result is not None:
-        tested = dict(test_acc=result.accuracy, test_samples=int(result.count),
-                      test_top5=result.top5, test_loss=result.loss)
-    return dict(train_loss=stats.loss, train_acc=stats.accuracy, train_samples=stats.samples,
-                **tested, samples_per_sec=stats.samples_per_sec, epoch_time=stats.seconds,
-                lr=trainer.learning_rate, num_workers=dist.num_workers, batch_size=batch_size)
-
-
 def checkpoint(outputs: Outputs, net, trainer, state: TrainState, due: bool,
                watchdog: Optional[Watchdog], wait: bool = False) -> Optional[str]:
     """Rank 0 starts the checkpoint due at an epoch's end or a stop (`due` forces one) and,
@@ -108,15 +132,14 @@ def checkpoint(outputs: Outputs, net, trainer, state: TrainState, due: bool,
 
 
 def write_epoch(outputs: Outputs, net, trainer, state: TrainState, record: dict, due: bool,
-                wait: bool, watchdog: Optional[Watchdog]) -> Optional[str]:
-    """Rank 0's writes after an epoch: its metrics record, scalars and checkpoint (see
+                wait: bool, watchdog: Optional[Watchdog],
+                scalars: Optional[Dict[str, Optional[float]]] = None) -> Optional[str]:
+    """Rank 0's writes after an epoch: its metrics record, its TensorBoard `scalars` (by
+    the record's names: ``train_loss`` is drawn as ``train/loss``) and checkpoint (see
     :func:`checkpoint`); returns the checkpoint's path, if one was started."""
     outputs.metrics.write("epoch", **record)
-    if outputs.tensorboard is not None:
-        scalars = dict(train_loss=record["train_loss"], train_acc=record["train_acc"],
-                       test_loss=record["test_loss"], test_acc=record["test_acc"],
-                       train_samples_per_sec=record["samples_per_sec"], train_lr=record["lr"])
-        # An epoch stopped at its last step is not evaluated: no test scalars then.
+    if outputs.tensorboard is not None and scalars:
+        # An epoch stopped at its last step is not evaluated: no validation scalars then.
         outputs.tensorboard.epoch(record["epoch"], **{name: value for name, value in
                                                       scalars.items() if value is not None})
     return checkpoint(outputs, net, trainer, state, due, watchdog, wait)

@@ -15,8 +15,8 @@ from typing import List, Tuple
 import mxnet as mx
 import numpy as np
 
-from .batches import split_batch
-from ...store.dist import DistContext
+from ..loop.engine.batches import split_batch
+from ..store.dist import DistContext
 
 WORST = 20  # samples listed as the worst classified
 

@@ -1,0 +1,634 @@
+"""``hvdtrain.Estimator``: MXNet's Estimator, distributed, with every guarantee of a run.
+
+Code written for MXNet 1.9.1's ``gluon.contrib.estimator`` runs here with its import changed
+to ``hvdtrain.estimator``: the same constructor, ``fit``, ``evaluate``, batch processors and
+event handlers. What changes is what a distributed run needs (docs/estimator.md):
+
+- the data (a Gluon ``Dataset`` or ``DataLoader``) is resharded: each rank takes its share
+  of every epoch, padded to equal steps, every validation sample scored once;
+- a Trainer made as MXNet's examples make it (no store) is made to train on the run's store,
+  in gradient buckets; each step divides the gradients summed over every rank by the
+  global batch, the same number on every rank;
+- the metrics are summed over the ranks before any handler reads them at an epoch's end,
+  so logs, checkpoints and early stopping see the whole split's figures on every rank;
+- rank 0 logs and writes; every rank's arrays are the same, BatchNorm's statistics included;
+- and everything a run of the ``hvdtrain`` command has: checkpoints with exact resume
+  (``output_dir``, ``resume``), stop signals, elastic training, accumulation, the fp16
+  wire, PowerSGD, AMP, the moving average, clipping, the stall watchdog and the finite
+  check, set by :class:`~hvdtrain.config.RunConfig`'s fields as keyword arguments.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import os
+from typing import Dict, List, Optional
+
+import mxnet as mx
+from mxnet import gluon
+from mxnet.gluon.contrib.estimator import estimator as mx_estimator
+from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
+from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref
+
+from ..config import ConfigError
+from ..data.reshard import ShardedLoader, as_loader
+from ..loop.elastic.fit import fit_elastic
+from ..loop.engine.epoch import BatchHooks
+from ..loop.engine.evaluate import evaluate
+from ..loop.engine.metrics import MetricBook, record_name
+from ..loop.engine.precision import Precision
+from ..loop.engine.replicas import averaged_running_stats
+from ..loop.engine.schedule import effective_base_lr
+from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
+from ..loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
+from ..loop.run.boundary import host_copy
+from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
+from ..loop.run.outputs import build_outputs
+from ..loop.run.together import write_together
+from ..state.run_dir import RunDir
+from ..state.checkpoint import save_params
+from ..state.train_state import TrainState
+from ..state.writes import atomic_write
+from ..store.gluon_internals import (params_by_place, shape_deferred,
+                                     skip_first_step_broadcast)
+from .batch_processor import BatchProcessor, samples_in
+from .event_handler import (GradientUpdateHandler, LoggingHandler, MetricHandler,
+                            StoppingHandler, ValidationHandler, _check_event_handlers)
+from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
+                    run_config)
+
+logger = logging.getLogger("hvdtrain")
+
+__all__ = ["Estimator"]
+
+
+class _Handlers(BatchHooks):
+    """An Estimator's batch handlers, as the engine calls them around each batch."""
+
+    def __init__(self, estimator, batch_begin, batch_end):
+        self.estimator, self.begin, self.end = estimator, batch_begin, batch_end
+
+    def batch_begin(self, batch) -> None:
+        for handler in self.begin:
+            handler.batch_begin(self.estimator, batch=batch)
+
+    def batch_end(self, batch, out) -> bool:
+        _, label, pred, loss = out
+        asked = [handler.batch_end(self.estimator, batch=batch, pred=pred, label=label,
+                                   loss=loss) for handler in self.end]
+        return any(asked)
+
+
+class _AverageMetrics(BatchHooks):
+    """The metric updates of an evaluation of ``ema``'s average, into copies of the
+    validation metrics."""
+
+    def __init__(self, estimator, book: MetricBook):
+        self.estimator, self.book = estimator, book
+
+    def batch_end(self, batch, out) -> bool:
+        _, label, pred, loss = out
+        for metric in self.book.metrics:
+            if isinstance(metric, mx_handlers.metric_loss):
+                self.book.update(metric, 0, loss)
+            else:
+                self.book.update(metric, label, pred)
+        return False
+
+
+class _Processor:
+    """The Estimator's batch processor as the engine uses it: MXNet's two methods, the
+    sample count (a processor without ``batch_samples`` counts its batches' first array),
+    and under AMP the check that ``fit_batch`` ran its backward pass through
+    ``estimator.backward``, where the losses are scaled."""
+
+    def __init__(self, processor, estimator):
+        self.processor, self.estimator = processor, estimator
+        self._count = getattr(processor, "batch_samples", None)
+
+    def batch_samples(self, batch, batch_axis=0) -> int:
+        if batch is None:  # every sample of the batch was unusable
+            return 0
+        return int(self._count(batch, batch_axis) if self._count is not None
+                   else samples_in(batch, batch_axis))
+
+    def fit_batch(self, estimator, batch, batch_axis=0):
+        estimator.backward_calls = 0
+        out = self.processor.fit_batch(estimator, batch, batch_axis)
+        if estimator.policy.amp and not estimator.backward_calls:
+            raise ConfigError(f"under AMP, {type(self.processor).__name__}.fit_batch must run "
+                              f"its backward pass through estimator.backward(losses), where "
+                              f"the losses are scaled by AMP's loss scale (loss.backward() "
+                              f"would leave the update divided by a scale never applied)")
+        return out
+
+    def evaluate_batch(self, estimator, batch, batch_axis=0):
+        return self.processor.evaluate_batch(estimator, batch, batch_axis)
+
+    def epoch_figures(self, epoch: int) -> dict:
+        figures = getattr(self.processor, "epoch_figures", None)
+        return figures(epoch) if figures is not None else {}
+
+
+class Estimator(mx_estimator.Estimator, RunHooks):
+    """MXNet's Estimator for a distributed run (see the module).
+
+    Parameters
+    ----------
+    net, loss, train_metrics, val_metrics, initializer, trainer, context, val_net, val_loss, batch_processor
+        As MXNet 1.9.1's ``Estimator``; `context` defaults to this rank's GPU (its local
+        rank among the GPUs it sees), else the CPU; `batch_processor` to hvdtrain's
+        :class:`~hvdtrain.estimator.batch_processor.BatchProcessor`.
+    config : RunConfig, optional
+        The run's settings; RunConfig's fields may also be given as keyword arguments
+        (``output_dir="runs/a"``, ``resume="auto"``, ``accumulate=2``, ``ema=0.999``,
+        ``compression="powersgd"``, ...), which override `config`'s.
+    store : KVStore, optional
+        The store that reduces gradients (default: made as the settings say: Horovod's
+        ``horovod`` store, created here, ``hvd.init()`` included).
+    setup : Setup, optional
+        What a program that set part of the run up itself hands over (the command).
+    """
+
+    def __init__(self, net, loss, train_metrics=None, val_metrics=None, initializer=None,
+                 trainer=None, context=None, val_net=None, val_loss=None,
+                 batch_processor=None, *, config=None, store=None, setup: Setup = None,
+                 **options):
+        self.config = run_config(config, options)
+        self.setup = setup or Setup()
+        self.dist = self.setup.dist or dist_for(self.config, store)
+        self.policy = Precision(getattr(self.config, "dtype", "float32"), self.config.amp)
+        super().__init__(net, loss, train_metrics, val_metrics, initializer, trainer,
+                         context or default_context(self.dist), val_net, val_loss,
+                         batch_processor or BatchProcessor())
+        # Rank 0 logs; warnings and errors come from every rank.
+        self.logger.setLevel(logging.INFO if self.dist.is_root else logging.WARNING)
+        self.policy.check_devices(self.context)
+        check_store_for_devices(self.config.kvstore, self.dist, self.context)
+        self.train_book = MetricBook(self.train_metrics)
+        self.val_book = MetricBook(self.val_metrics)
+        self.trainer = distributed_trainer(self.trainer, self.net, self.config, self.dist,
+                                           self.policy.amp)
+        if self.policy.amp:
+            self.policy.prepare_trainer(self.trainer)
+        self.processor = _Processor(self.batch_processor, self)
+        # The rate a schedule follows (scaled by the workers with lr_scaling='linear').
+        self._rate = self.setup.base_lr if self.setup.base_lr is not None \
+            else self.trainer.learning_rate
+        self.state = TrainState()
+        self.max_epoch = self.max_batch = None
+        self.batch_axis = 0
+        self.backward_calls = 0
+        self.result: Dict = {}
+        self.val_count: Optional[int] = None
+        self._feeds: Dict[int, object] = {}
+        self._evaluated = False
+        self._average: Dict = {}
+        self._ema: Optional[WeightAverage] = None
+        self._inside_epoch = False
+        self._handlers = None
+        self._watchdog = None  # the run's, while fit runs
+
+    # --- who and where -------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self.dist.num_workers
+
+    @property
+    def ema(self) -> Optional[WeightAverage]:
+        """``ema``'s moving average of the model (None without it, or before ``fit``)."""
+        return self._ema
+
+    def backward(self, losses) -> None:
+        """The backward pass of `losses` (an NDArray or a list of them), through AMP's loss
+        scaling when it is on: what a batch processor's ``fit_batch`` calls."""
+        self.backward_calls += 1
+        self.policy.backward(losses if isinstance(losses, (list, tuple)) else [losses],
+                             self.trainer)
+
+    # --- the data ------------------------------------------------------------------------
+
+    def _feed(self, data, train: bool):
+        """This rank's share of `data` (see the module), made once per object."""
+        found = self._feeds.get((id(data), train))
+        if found is not None:
+            return found[1]
+        if hasattr(data, "sampler") and hasattr(getattr(data, "sampler"), "set_epoch") and \
+                hasattr(data, "batch_size"):
+            feed = data  # hvdtrain's own loaders, split already
+        elif isinstance(data, (gluon.data.DataLoader, gluon.data.Dataset)):
+            parts, part = (self.dist.num_workers, self.dist.rank) \
+                if self.dist.synchronous or train else (1, 0)
+            loader = as_loader(data, self.config.batch_size, shuffle=train)
+            feed = ShardedLoader(loader, parts, part, train, self.config.seed,
+                                 self.config.sampling)
+        else:
+            raise ValueError("Estimator only support input as Gluon DataLoader or Dataset. "
+                             "Alternatively, you can transform your DataIter or any NDArray "
+                             "into Gluon DataLoader. Refer to gluon.data.DataLoader")
+        self._feeds[(id(data), train)] = (data, feed)  # the object kept: its id stays its own
+        return feed
+
+    def _reshard(self) -> None:
+        """Every feed split over the ranks there are now (an elastic reset)."""
+        for (_, train), (_, feed) in self._feeds.items():
+            if train or self.dist.synchronous:
+                feed.sampler.reshard(self.dist.num_workers, self.dist.rank)
+
+    # --- the handlers --------------------------------------------------------------------
+
+    def _prepare_default_handlers(self, val_data, event_handlers):
+        event_handlers = _check_event_handlers(event_handlers)
+        for handler in event_handlers:
+            if isinstance(handler, mx_handlers.GradientUpdateHandler) and \
+                    type(handler).batch_end is not GradientUpdateHandler.batch_end:
+                raise ConfigError(
+                    f"{type(handler).__name__}: hvdtrain's engine applies the update (over "
+                    f"the global batch, after the exchange); a handler cannot apply it "
+                    f"again: drop it, and use the Estimator's clip_grad_norm, ema or a "
+                    f"batch processor for what it did")
+        added = [StoppingHandler(self.max_epoch, self.max_batch)]
+        if not any(isinstance(h, mx_handlers.GradientUpdateHandler) for h in event_handlers):
+            added.append(GradientUpdateHandler())
+        if not any(isinstance(h, mx_handlers.MetricHandler) for h in event_handlers):
+            added.append(MetricHandler(metrics=self.train_metrics))
+        if not any(isinstance(h, mx_handlers.ValidationHandler) for h in event_handlers) \
+                and val_data:
+            added.append(ValidationHandler(val_data=val_data, eval_fn=self.evaluate))
+        if not any(isinstance(h, mx_handlers.LoggingHandler) for h in event_handlers):
+            added.append(LoggingHandler(metrics=self.train_metrics))
+        mixing = event_handlers and added
+        event_handlers.extend(added)
+        if mixing:  # handlers given and added must read the same metric objects
+            known = set(self.train_metrics + self.val_metrics)
+            for handler in event_handlers:
+                _check_handler_metric_ref(handler, known)
+        event_handlers.sort(key=lambda handler: getattr(handler, "priority", 0))
+        return event_handlers
+
+    def _prepare_default_validation_handlers(self, event_handlers):
+        event_handlers = _check_event_handlers(event_handlers)
+        added = []
+        if not any(isinstance(h, mx_handlers.MetricHandler) for h in event_handlers):
+            added.append(MetricHandler(metrics=self.val_metrics))
+        if not any(isinstance(h, mx_handlers.LoggingHandler) for h in event_handlers):
+            added.append(LoggingHandler(metrics=self.val_metrics))
+        mixing = event_handlers and added
+        event_handlers.extend(added)
+        if mixing:
+            known = set(self.val_metrics)
+            for handler in event_handlers:
+                _check_handler_metric_ref(handler, known)
+        event_handlers.sort(key=lambda handler: getattr(handler, "priority", 0))
+        return event_handlers
+
+    def _book_of(self, metric) -> Optional[MetricBook]:
+        for book in (self.train_book, self.val_book):
+            if book.knows(metric):
+                return book
+        return None
+
+    def update_metric(self, metric, labels, preds) -> None:
+        """``metric.update(labels, preds)``, and the exact sums its reduction over the ranks
+        needs (MAE, MSE, RMSE: :mod:`hvdtrain.loop.engine.metrics`)."""
+        book = self._book_of(metric)
+        if book is None:
+            metric.update(labels, preds)
+        else:
+            book.update(metric, labels, preds)
+
+    def reset_metric(self, metric) -> None:
+        book = self._book_of(metric)
+        if book is None:
+            metric.reset()
+        else:
+            book.reset_one(metric)
+
+    # --- fit -----------------------------------------------------------------------------
+
+    def fit(self, train_data, val_data=None, epochs=None, event_handlers=None, batches=None,
+            batch_axis=0):
+        """Train on `train_data` (a Gluon Dataset or DataLoader) for `epochs` epochs in all
+        (epochs a resumed checkpoint holds included) or `batches` optimizer steps,
+        evaluating on `val_data` after each epoch, as MXNet's ``Estimator.fit`` (with
+        ``accumulate`` > 1, `batches` counts optimizer steps). Every rank calls it alike;
+        the figures every rank ends with are in :attr:`result`."""
+        cfg, train_feed = self.prepare(train_data, val_data, epochs, event_handlers, batches,
+                                       batch_axis)
+        with guards(cfg, self.dist, self.setup) as (watchdog, signals):
+            self._watchdog = watchdog
+            try:
+                self._fit(cfg, train_feed, watchdog, signals)
+            finally:
+                self._watchdog = None
+
+    def prepare(self, train_data, val_data=None, epochs=None, event_handlers=None,
+                batches=None, batch_axis=0):
+        """What :meth:`fit` does before it trains: the arguments checked, the data split
+        over the ranks, the handlers ready. Returns (the run's settings, the training
+        split's feed)."""
+        if (not epochs) == (not batches):
+            raise ValueError("Fit only support exactly one type of iteration, train by number "
+                             "of epochs or number of batches.Please specify one and only one "
+                             "of: epochs or batches.")
+        train_feed = self._feed(train_data, train=True)
+        if val_data is not None:
+            self._feed(val_data, train=False)
+        self.max_epoch, self.max_batch, self.batch_axis = epochs, batches, batch_axis
+        handlers = self._prepare_default_handlers(val_data, event_handlers)
+        self._handlers = self._categorize_handlers(handlers)
+        steps_per_epoch = max(1, -(-len(train_feed) // self.config.accumulate))
+        cfg = self.config.replace(
+            epochs=epochs or max(1, math.ceil(batches / steps_per_epoch)),
+            max_steps=batches if batches else self.config.max_steps)
+        return cfg, train_feed
+
+    def _fit(self, cfg, train_feed, watchdog, signals) -> None:
+        """The run, inside fit's guards: the folder, the restore, the claim and the
+        broadcast, the epochs, the final save."""
+        run_dir = self.setup.run_dir or RunDir.decide(cfg)
+        self._settle_shapes(train_feed)
+        worker_batch = train_feed.batch_size
+        if cfg.elastic:
+            # Loading a checkpoint's optimizer states would make the trainer broadcast
+            # its parameters first: a collective that a worker joining a running job
+            # would make alone, and hang. The elastic loop's sync broadcasts them.
+            skip_first_step_broadcast(self.trainer)
+        state = run_dir.restore(self.net, self.trainer, self.context, self.dist,
+                                worker_batch, _split_size(train_feed))
+        self.state = state
+        if self.setup.epoch_begin is not None:
+            # Before the store is set up, so that its buckets are planned for the epoch
+            # training starts in (the command's frozen epochs).
+            self.setup.epoch_begin(state.epoch)
+        watchdog.beat("start-up (trainer ready)")
+        if cfg.elastic:
+            try:
+                self.result = self._fit_elastic(cfg, train_feed, state, run_dir,
+                                                watchdog, signals)
+            finally:
+                run_dir.release()
+            return
+        with run_dir.claim(self.dist):
+            broadcast_parameters(self.trainer, worker_batch * self.dist.num_workers
+                                 if self.dist.synchronous else worker_batch)
+            watchdog.beat("start-up (parameters broadcast)")
+            self._ema = self._moving_average(cfg, run_dir)
+            outputs = build_outputs(cfg, self.dist, worker_batch, self._meta(),
+                                    self._final_names(cfg))
+            self.result = run_fit(self._run_parts(cfg, train_feed, outputs, state,
+                                                  watchdog, signals))
+            self._finish(cfg, watchdog)
+
+    def _fit_elastic(self, cfg, train_feed, state, run_dir, watchdog, signals) -> Dict:
+        """:meth:`fit` under Horovod's elastic driver (loop/elastic/fit.py)."""
+        worker_batch = train_feed.batch_size
+        self._ema = self._moving_average(cfg, run_dir)  # the elastic sync makes rank 0's everyone's
+
+        def make_run(dist, position, commit):
+            self.dist = dist
+            self.logger.setLevel(logging.INFO if dist.is_root else logging.WARNING)
+            self._reshard()
+            outputs = build_outputs(cfg, dist, worker_batch, self._meta(),
+                                    self._final_names(cfg))
+            parts = self._run_parts(cfg, train_feed, outputs, position, watchdog, signals)
+            parts.commit = commit
+            return parts
+
+        def finish(dist):
+            self.dist = dist
+            self._finish(cfg, watchdog)
+
+        dist, result = fit_elastic(self.net, self.trainer, self.dist.store, cfg, state,
+                                   run_dir, watchdog, make_run, finish, self._ema)
+        self.dist = dist
+        return result
+
+    def _run_parts(self, cfg, train_feed, outputs, state, watchdog, signals) -> RunParts:
+        self.state = state
+        describe = self.setup.describe or f"{type(self.net).__name__}"
+        return RunParts(self.net, self.trainer, self.context, self.dist, cfg, train_feed,
+                        self, self.train_book, outputs, state, watchdog, self.policy, signals,
+                        self._ema, base_lr=self._base_lr(cfg), prefixes=self.setup.prefixes,
+                        batch_axis=self.batch_axis, describe=describe)
+
+    def _base_lr(self, cfg) -> Optional[float]:
+        """The rate the schedule follows at this world size: the command's, or the
+        optimizer's own (as it was when the Estimator was made) when the settings ask for a
+        schedule; else None, and the trainer's rate is left to the program and its handlers
+        (an optimizer's own ``lr_scheduler`` keeps working)."""
+        scheduled = cfg.warmup_epochs or cfg.lr_decay_epochs or cfg.lr_schedule != "step" \
+            or cfg.lr_scaling != "none"
+        if self.setup.base_lr is None and not scheduled:
+            return None
+        return effective_base_lr(self._rate, cfg.lr_scaling, self.dist.num_workers)
+
+    def _meta(self) -> Dict:
+        return dict({"model": type(self.net).__name__}, **self.setup.meta)
+
+    def _final_names(self, cfg) -> tuple:
+        return tuple(self.setup.final_files) + \
+            ((FINAL_EMA_PARAMS,) if cfg.ema is not None else ()) + ("model.params",)
+
+    def _moving_average(self, cfg, run_dir) -> Optional[WeightAverage]:
+        """``ema``'s average: of the model as it is now, or the resumed checkpoint's."""
+        ema = WeightAverage.of(cfg, self.net)
+        if ema is not None and run_dir.resumed_from:
+            ema.resume(run_dir.resumed_from)
+        return ema
+
+    def _settle_shapes(self, train_feed) -> None:
+        """Gluon defers a parameter's shape to the first forward pass; the start-up
+        broadcast needs them all. One training batch's forward pass (in training mode: an
+        inference pass lets MKL-DNN reorder weights in place, which the broadcast cannot
+        read; no gradient recorded) settles them."""
+        deferred = [p for p in self.net.collect_params().values() if shape_deferred(p)]
+        if not deferred:
+            return
+        train_feed.sampler.set_epoch(self.state.epoch)
+        batch = next((b for b in train_feed if self.processor.batch_samples(b,
+                                                                          self.batch_axis)),
+                     None)
+        if batch is None:
+            raise ConfigError("no training batch holds a usable sample: nothing to train on")
+        with mx.autograd.train_mode():
+            self.processor.evaluate_batch(self, batch, self.batch_axis)
+        mx.nd.waitall()
+
+    def _finish(self, cfg, watchdog) -> None:
+        """After the last epoch: rank 0 saves the program's final files, ``ema``'s average
+        and then the trained parameters (``model.params`` last: a folder holding it holds a
+        finished run), busy meanwhile; every rank learns whether it could."""
+        if not cfg.output_dir:
+            return
+
+        def save():
+            if not self.dist.is_root:
+                return
+            with watchdog.busy("saving the final parameters"):
+                for name, write in self.setup.final_files.items():
+                    atomic_write(os.path.join(cfg.output_dir, name), write)
+                if self._ema is not None:
+                    logger.info("the moving average of the parameters (--ema) saved to %s",
+                                atomic_write(os.path.join(cfg.output_dir, FINAL_EMA_PARAMS),
+                                             self._ema.save))
+                logger.info("parameters saved to %s",
+                            save_params(self.net, os.path.join(cfg.output_dir,
+                                                               "model.params")))
+
+        write_together(self.dist, save, "the end")
+
+    # --- RunHooks: what the run asks at each point ---------------------------------------
+
+    @property
+    def batch_hooks(self):
+        _, _, batch_begin, batch_end, _, _ = self._handlers
+        return _Handlers(self, batch_begin, batch_end)
+
+    @property
+    def val_feed(self):
+        vals = [feed for (_, train), (_, feed) in self._feeds.items() if not train]
+        return vals[-1] if vals else None
+
+    def train_begin(self) -> None:
+        for handler in self._handlers[0]:
+            handler.train_begin(self)
+
+    def epochs_after_begin(self, epochs: int, state: TrainState) -> int:
+        # MXNet's CheckpointHandler resumes from files of its own at train_begin and lowers
+        # max_epoch to the epochs left: then this call trains that many more.
+        if self.max_epoch and self.max_epoch != epochs:
+            return state.epoch + self.max_epoch
+        return epochs
+
+    def epoch_begin(self) -> None:
+        if self.setup.epoch_begin is not None:
+            self.setup.epoch_begin(self.state.epoch)
+        self._evaluated, self._average = False, {}
+        self._inside_epoch = True
+        for handler in self._handlers[1]:
+            handler.epoch_begin(self)
+
+    def epoch_end(self) -> bool:
+        self._inside_epoch = False
+        return any([handler.epoch_end(self) for handler in self._handlers[4]])
+
+    def train_end(self) -> None:
+        for handler in self._handlers[5]:
+            handler.train_end(self)
+
+    def validation(self, evaluated: bool) -> Dict[str, Optional[float]]:
+        val = self.setup.prefixes[1]
+        names = [record_name(m) for m in self.val_metrics]
+        if not (evaluated and self._evaluated):
+            if self.val_feed is None:
+                return {}
+            return dict({f"{val}_{n}": None for n in names}, **{f"{val}_samples": None})
+        return dict({f"{val}_{n}": v for n, v in self.val_book.values().items()},
+                    **{f"{val}_samples": self.val_count})
+
+    def average_validation(self) -> Dict[str, Optional[float]]:
+        return dict(self._average)
+
+    def epoch_figures(self, epoch: int) -> dict:
+        return self.processor.epoch_figures(epoch)
+
+    # --- evaluate ------------------------------------------------------------------------
+
+    def evaluate(self, val_data, batch_axis=0, event_handlers=None):
+        """Score `val_data` (a Gluon Dataset or DataLoader: every sample once over the
+        ranks) with the validation net, loss and metrics, the metrics summed over the ranks
+        before the ``epoch_end`` handlers read them; as MXNet's ``Estimator.evaluate``. How
+        many samples were scored, over every rank, is :attr:`val_count`."""
+        feed = self._feed(val_data, train=False)
+        for metric in self.val_metrics:
+            self.reset_metric(metric)
+        handlers = self._prepare_default_validation_handlers(event_handlers)
+        _, epoch_begin, batch_begin, batch_end, epoch_end, _ = \
+            self._categorize_handlers(handlers)
+        for handler in epoch_begin:
+            handler.epoch_begin(self)
+        feed.sampler.set_epoch(self.state.epoch)  # the same order; names the epoch it scores
+        epoch, watchdog = self.state.epoch, self._watchdog
+        with self._averaged_statistics():
+            self.val_count = evaluate(
+                self, self.processor, feed, self.dist, self.val_book,
+                _Handlers(self, batch_begin, batch_end), batch_axis,
+                on_batch=None if watchdog is None else
+                lambda b: watchdog.beat(f"evaluation batch {b} (epoch {epoch + 1})"))
+        self._evaluated = True
+        for handler in epoch_end:
+            handler.epoch_end(self)
+
+    def evaluate_average(self, val_data, batch_axis=0) -> None:
+        """With ``ema`` on: `val_data` scored again with the moving average in the model,
+        into copies of the validation metrics (named "ema ..."; the record's fields
+        ``ema_<val>_<name>``)."""
+        if self._ema is None:
+            return
+        feed = self._feed(val_data, train=False)
+        metrics = [copy.deepcopy(m) for m in self.val_metrics]
+        for metric in metrics:
+            metric.name = "ema " + metric.name
+        book = MetricBook(metrics)
+        book.reset()
+        feed.sampler.set_epoch(self.state.epoch)
+        epoch, watchdog = self.state.epoch, self._watchdog
+        with self._ema.applied():
+            count = evaluate(self, self.processor, feed, self.dist, book,
+                             _AverageMetrics(self, book), batch_axis,
+                             on_batch=None if watchdog is None else lambda b: watchdog.beat(
+                                 f"evaluation batch {b} of the average (epoch {epoch + 1})"))
+        val = self.setup.prefixes[1]
+        self._average = dict({f"ema_{val}_{n}": v for n, v in book.values().items()},
+                             **{f"ema_{val}_samples": count})
+
+    @contextlib.contextmanager
+    def _averaged_statistics(self):
+        """Inside an epoch (a ``batch_period`` evaluation, a handler's save) each rank's
+        running statistics are its own: meanwhile every rank holds their average over the
+        ranks, then its own again. At an epoch's end they are averaged already."""
+        if not self._inside_epoch:
+            yield
+            return
+        averages, _ = averaged_running_stats(self.net, self.dist)
+        own = [(param, [c.copy() for c in param.list_data()]) for param, _ in averages]
+        for param, value in averages:
+            for copy_ in param.list_data():
+                value.copyto(copy_)
+        try:
+            yield
+        finally:
+            for param, copies in own:
+                for copy_, value in zip(param.list_data(), copies):
+                    value.copyto(copy_)
+            mx.nd.waitall()
+
+    def save_model_files(self, param_file: str, trainer_file: str) -> None:
+        """A CheckpointHandler's save: rank 0 writes the parameters (inside an epoch, the
+        running statistics averaged over the ranks) and the trainer's states, each whole or
+        not at all; every rank learns whether it could."""
+        replace = {}
+        if self._inside_epoch:
+            averages, _ = averaged_running_stats(self.net, self.dist)
+            names = {id(param): name for name, param in params_by_place(self.net).items()}
+            replace = {names[id(param)]: value for param, value in averages}
+
+        def write():
+            if self.dist.is_root:
+                held = host_copy(self.net, self.trainer, True, replace)
+                atomic_write(param_file, held.save_parameters)
+                atomic_write(trainer_file, held.save_states)
+
+        write_together(self.dist, write, f"a CheckpointHandler save ({param_file})")
+
+
+def _split_size(feed) -> int:
+    return int(getattr(feed, "num_samples", 0) or getattr(feed.sampler, "length", 0))

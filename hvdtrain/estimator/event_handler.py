@@ -1,0 +1,121 @@
+"""The Estimator's event handlers: MXNet's, distributed.
+
+The marker classes (``TrainBegin`` ... ``BatchEnd``) are MXNet's own, so a handler written
+for MXNet's Estimator (a subclass of them) is one here. The standard handlers are MXNet's
+classes or subclasses of them that keep their arguments and behaviour, with what a
+distributed run changes:
+
+- ``GradientUpdateHandler``: the update is the engine's (the global batch's divisor, the
+  exchange, clipping, the moving average), applied before any ``batch_end`` handler runs,
+  as MXNet's priority of -2000 has it; this handler marks its place and does nothing.
+- ``StoppingHandler``: counts batches and epochs as MXNet's does; the engine ends the run
+  at ``epochs`` or ``batches`` itself, every rank at the same step.
+- ``MetricHandler``: updates the metrics as MXNet's does, keeping the exact sums that let
+  the ranks reduce MAE, MSE and RMSE per element (:mod:`hvdtrain.loop.engine.metrics`).
+- ``ValidationHandler``: evaluates as MXNet's does (every rank its shard, the metrics summed
+  over the ranks), and the ``ema`` moving average beside the model when there is one.
+- ``CheckpointHandler``: MXNet's files and names, written by rank 0 alone, each file whole or
+  not at all; inside an epoch, the BatchNorm statistics it saves are averaged over the ranks.
+  Every rank resumes from them (they must be visible to all). For a checkpoint that resumes
+  exactly inside an epoch (the sampler's position, the moving average, PowerSGD's state),
+  give the Estimator an ``output_dir`` instead.
+- ``LoggingHandler`` and ``EarlyStoppingHandler`` are MXNet's: the Estimator's logger is
+  quiet below WARNING on every rank but 0, and the metrics they read are the whole split's,
+  the same on every rank, so early stopping is decided alike everywhere.
+"""
+from __future__ import annotations
+
+import os
+
+from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
+from mxnet.gluon.contrib.estimator.event_handler import (  # noqa: F401  (the API, re-exported)
+    BatchBegin, BatchEnd, EarlyStoppingHandler, EpochBegin, EpochEnd, EventHandler,
+    LoggingHandler, TrainBegin, TrainEnd, _check_event_handlers)
+
+
+__all__ = ["TrainBegin", "TrainEnd", "EpochBegin", "EpochEnd", "BatchBegin", "BatchEnd",
+           "StoppingHandler", "MetricHandler", "ValidationHandler", "LoggingHandler",
+           "CheckpointHandler", "EarlyStoppingHandler", "GradientUpdateHandler"]
+
+
+class StoppingHandler(mx_handlers.StoppingHandler):
+    """MXNet's counters of batches and epochs; the engine itself stops at ``epochs`` or
+    ``batches``, on every rank at the same step (so this handler never asks to)."""
+
+    def batch_end(self, estimator, *args, **kwargs):
+        super().batch_end(estimator, *args, **kwargs)
+        return False
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        super().epoch_end(estimator, *args, **kwargs)
+        return False
+
+
+class GradientUpdateHandler(mx_handlers.GradientUpdateHandler):
+    """Where MXNet's Estimator applies the update; here the engine has already applied it,
+    over the global batch, when ``batch_end`` handlers run."""
+
+    def batch_end(self, estimator, *args, **kwargs):
+        return False
+
+
+class MetricHandler(mx_handlers.MetricHandler):
+    """MXNet's: reset at each epoch's beginning, updated at each batch's end (a ``Loss``
+    metric with the losses); through the Estimator, which also keeps the exact sums of MAE,
+    MSE and RMSE that the ranks reduce."""
+
+    def epoch_begin(self, estimator, *args, **kwargs):
+        for metric in self.metrics:
+            estimator.reset_metric(metric)
+
+    def batch_end(self, estimator, *args, **kwargs):
+        for metric in self.metrics:
+            if isinstance(metric, mx_handlers.metric_loss):
+                estimator.update_metric(metric, 0, kwargs["loss"])
+            else:
+                estimator.update_metric(metric, kwargs["label"], kwargs["pred"])
+
+
+class ValidationHandler(mx_handlers.ValidationHandler):
+    """MXNet's, and then the ``ema`` average evaluated beside the model when there is one
+    (its metrics are named ``ema <name>``)."""
+
+    def batch_end(self, estimator, *args, **kwargs):
+        self.current_batch += 1
+        if self.batch_period and self.current_batch % self.batch_period == 0:
+            self._validate(estimator)
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.current_epoch += 1
+        if self.epoch_period and self.current_epoch % self.epoch_period == 0:
+            self._validate(estimator)
+
+    def _validate(self, estimator):
+        self.eval_fn(val_data=self.val_data, batch_axis=estimator.batch_axis,
+                     event_handlers=self.event_handlers)
+        evaluate_average = getattr(estimator, "evaluate_average", None)
+        if evaluate_average is not None:
+            evaluate_average(self.val_data, estimator.batch_axis)
+
+
+class CheckpointHandler(mx_handlers.CheckpointHandler):
+    """MXNet's checkpoint files, written by rank 0 (see the module); every rank takes part in
+    each save and learns whether rank 0 could write it."""
+
+    def _save_symbol(self, estimator):
+        if estimator.rank == 0:
+            super()._save_symbol(estimator)
+
+    def _save_params_and_trainer(self, estimator, file_prefix):
+        param_file = os.path.join(self.model_dir, file_prefix + ".params")
+        trainer_file = os.path.join(self.model_dir, file_prefix + ".states")
+        estimator.save_model_files(param_file, trainer_file)
+        if "best" not in file_prefix:
+            self.saved_checkpoints.append(file_prefix)
+        if len(self.saved_checkpoints) > self.max_checkpoints:
+            oldest = self.saved_checkpoints.pop(0)
+            if estimator.rank == 0:
+                for name in os.listdir(self.model_dir):
+                    if name.startswith(oldest):
+                        os.remove(os.path.join(self.model_dir, name))
+

@@ -1,0 +1,183 @@
+"""What an Estimator sets up for a run: its settings, its store, its devices, and the
+guards that last as long as the run (the stall watchdog, the stop signals, the launcher's
+lifeline). A program that does some of this itself (the ``hvdtrain`` command) hands what it
+made over in a :class:`Setup`."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple
+
+import mxnet as mx
+
+from ..config import ConfigError, RunConfig
+from ..report.log import setup_logging
+from ..runtime.lifeline import LauncherWatch, launcher_chain
+from ..runtime.pulse import JobPulse
+from ..runtime.stop_signals import StopSignals
+from ..runtime.watchdog import GLOO_TIMEOUT_ENV, Watchdog, gloo_timeout, horovod_stall_env
+from ..store.dist import DistContext, share_cpu_threads
+from ..store.kvstore import HorovodKVStore, create_store
+
+logger = logging.getLogger("hvdtrain")
+
+
+@dataclass
+class Setup:
+    """What a program that sets a run up itself hands the Estimator; each field left at
+    its default is done by the Estimator.
+
+    Attributes
+    ----------
+    run_dir : RunDir, optional
+        The output folder, decided already (``RunDir.decide``), before data was loaded.
+    dist : DistContext, optional
+        The layout, with its store, made already.
+    watchdog, signals
+        The stall watchdog and the stop signals, entered already, lasting the whole job.
+    meta : dict
+        More of every checkpoint's ``meta.json`` (the command's model card, class names).
+    final_files : dict
+        ``name -> write(path)``: files rank 0 saves beside ``model.params`` at the end
+        (written before it: a folder holding ``model.params`` holds a finished run).
+    prefixes : (str, str)
+        How ``metrics.jsonl`` names the training and the validation split's figures.
+    base_lr : float, optional
+        The rate the schedule (warm-up, decay) follows; None: the optimizer's own rate,
+        followed only when the configuration asks for a schedule.
+    describe : str, optional
+        What trains on what, for the run's first log line.
+    epoch_begin : callable, optional
+        ``epoch_begin(epoch)`` on every rank before each epoch's steps (the command's
+        frozen and unfrozen phases).
+    """
+
+    run_dir: Optional[object] = None
+    dist: Optional[DistContext] = None
+    watchdog: Optional[Watchdog] = None
+    signals: Optional[StopSignals] = None
+    meta: Dict = field(default_factory=dict)
+    final_files: Dict[str, Callable[[str], None]] = field(default_factory=dict)
+    prefixes: Tuple[str, str] = ("train", "val")
+    base_lr: Optional[float] = None
+    describe: Optional[str] = None
+    epoch_begin: Optional[Callable[[int], None]] = None
+
+
+def run_config(config: Optional[RunConfig], options: Dict) -> RunConfig:
+    """The run's settings: `config` (a RunConfig, or the command's TrainConfig) with
+    `options` (RunConfig's fields by name) on top; an unknown name is refused in one line
+    that lists the known ones."""
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"the Estimator takes no option {unknown[0]!r}: its options are "
+                          f"RunConfig's fields ({', '.join(sorted(known))})")
+    config = config if config is not None else RunConfig()
+    if not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be an hvdtrain.RunConfig (or TrainConfig), not "
+                          f"{type(config).__name__}")
+    return dataclasses.replace(config, **options) if options else config
+
+
+def dist_for(cfg: RunConfig, store=None, comm=None) -> DistContext:
+    """The run's layout: from `store` when given (checked against the settings that
+    decide how it is made), else from a store made as `cfg` says (``hvd.init()`` happens
+    here for Horovod; `comm`, an mpi4py communicator, runs it on a part of the launch)."""
+    if store is not None:
+        if isinstance(store, HorovodKVStore) and \
+                (store.compression == "fp16") != cfg.fp16_allreduce:
+            wire = store.compression == "fp16"
+            raise ConfigError(
+                f"fp16_allreduce={cfg.fp16_allreduce} but the store given sends gradients as "
+                f"{'float16' if wire else 'float32'}: create it with "
+                f"create_store('horovod', compression='{'fp16' if cfg.fp16_allreduce else 'none'}'), "
+                f"or let the Estimator make it")
+        return DistContext.from_store(store)
+    if cfg.horovod_timeline:
+        folder = os.path.dirname(os.path.abspath(cfg.horovod_timeline))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError(f"--horovod-timeline {cfg.horovod_timeline}: folder {folder} "
+                              f"does not exist or is not writable")
+    options = {}
+    if cfg.kvstore == "horovod":
+        # Buckets are flat buffers reduced in place: fusing two of them would copy both.
+        options = {"compression": "fp16" if cfg.fp16_allreduce else "none",
+                   "timeline": cfg.horovod_timeline, "fuse_calls": cfg.grad_bucket_mb == 0}
+        os.environ.update(horovod_stall_env(cfg.stall_timeout, os.environ, cfg.elastic))
+    if comm is not None:
+        if cfg.kvstore != "horovod":
+            raise ConfigError(f"a communicator needs --kvstore horovod, not {cfg.kvstore}")
+        options["comm"] = comm
+    check_elastic_watchdog(cfg)
+    if cfg.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
+        raise ConfigError("--elastic runs under Horovod's elastic driver: start it with "
+                          "horovodrun -np N --min-np M --host-discovery-script SCRIPT "
+                          "(docs/elastic.md)")
+    return DistContext.from_store(create_store(cfg.kvstore, **options))
+
+
+def check_elastic_watchdog(cfg: RunConfig) -> None:
+    """Under ``--elastic`` a lost peer is found by Gloo's timeout and the others roll back;
+    a watchdog that fired first would end them instead: refused in one line."""
+    if cfg.elastic and cfg.stall_timeout and cfg.stall_timeout <= gloo_timeout():
+        raise ConfigError(f"--stall-timeout {cfg.stall_timeout:g} must be longer than "
+                          f"{GLOO_TIMEOUT_ENV}={gloo_timeout():g} under --elastic: Gloo must "
+                          f"give a lost peer up (and the others roll back) before the "
+                          f"watchdog ends the others")
+
+
+def default_context(dist: DistContext) -> list:
+    """This rank's device when none is given: its local rank's GPU among those it sees
+    (MXNet's Estimator takes GPU 0 on every rank), else the CPU."""
+    visible = mx.context.num_gpus()
+    return [mx.gpu(dist.local_rank % visible)] if visible else [mx.cpu()]
+
+
+def check_store_for_devices(kvstore: str, dist: DistContext, devices) -> None:
+    """Refuse several devices without a store: nothing would sum their gradients, and
+    each device's copy of the model would drift away from the others unnoticed."""
+    if dist.store is None and len(devices) > 1:
+        raise ConfigError(f"--kvstore {kvstore} cannot train on {len(devices)} devices "
+                          f"({', '.join(map(str, devices))}): nothing would sum their "
+                          f"gradients; use --kvstore device (or local, or horovod)")
+
+
+def start_rank(cfg: RunConfig, dist: DistContext, watchdog: Watchdog) -> None:
+    """What a process does once it knows its rank, before it claims the run folder: its
+    log lines tagged, the watchdog told, the job's pulse started (not under ``--elastic``,
+    whose resets it would not survive), its share of the host's cores."""
+    setup_logging(dist.rank)
+    watchdog.set_rank(dist.rank)
+    watchdog.beat("start-up (store created)")
+    if not cfg.elastic:
+        JobPulse.watch(watchdog, dist)  # from here, progress on any rank counts
+    threads = share_cpu_threads(dist.local_size)
+    if threads:
+        logger.info("%d workers share this host: %d OpenMP thread(s) each", dist.local_size,
+                    threads)
+
+
+@contextlib.contextmanager
+def guards(cfg: RunConfig, dist: DistContext, setup: Setup):
+    """The stall watchdog, the stop signals and the launcher's lifeline for the run, unless
+    `setup` brings its own (entered already); yields (watchdog, signals)."""
+    with contextlib.ExitStack() as stack:
+        signals = setup.signals
+        watchdog = setup.watchdog
+        if watchdog is None:
+            watchdog = Watchdog(cfg.stall_timeout)
+            signals = signals or stack.enter_context(StopSignals(describe=watchdog.who))
+            stack.enter_context(LauncherWatch(launcher_chain(), describe=watchdog.who,
+                                              on_gone=signals.request))
+            stack.enter_context(watchdog)
+            if not logging.getLogger("hvdtrain").handlers:  # the program's own, else ours
+                setup_logging(dist.rank)
+            watchdog.set_rank(dist.rank)
+            watchdog.beat("start-up (store created)")
+            if not cfg.elastic:
+                JobPulse.watch(watchdog, dist)
+        yield watchdog, signals
