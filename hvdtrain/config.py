@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple, Union
 
-from .options import (NON_NEGATIVE, POSITIVE, ConfigError, check_range, count_or_percent,
+from .options import (GROUPS, NON_NEGATIVE, POSITIVE, ConfigError, check_range, count_or_percent,
                       default_of, epochs_steps_or_time, flag_name, int_list, option)
 from .options import flag_table as options_table
 
@@ -360,8 +360,14 @@ def model_for(model: Optional[str], dataset: Optional[str]) -> str:
 
 
 def options() -> Iterator[dataclasses.Field]:
-    """Every option, in ``--help`` order within each group."""
-    return iter(dataclasses.fields(TrainConfig))
+    """Every option in ``--help`` and README order: by group (data, model, optimisation,
+    distribution, output), and within a group what the command builds (TrainConfig's own:
+    the data, the model, the optimizer) before what decides how any run trains
+    (RunConfig's), each in the order it is defined."""
+    run = {f.name for f in dataclasses.fields(RunConfig)}
+    fields = list(dataclasses.fields(TrainConfig))
+    return iter(sorted(fields, key=lambda f: (GROUPS.index(f.metadata["group"]),
+                                              f.name in run)))
 
 
 def flag_table() -> str:

@@ -152,7 +152,8 @@ def train(cfg: TrainConfig, devices=None, comm=None) -> Run:
                       meta=meta, final_files={CARD_FILE: lambda path: write_card(path, card)},
                       prefixes=("train", "test"), base_lr=cfg.lr,
                       describe=f"{cfg.model_name} on {data.name}",
-                      epoch_begin=lambda epoch: apply_phase(net, trainer, cfg, epoch))
+                      epoch_begin=lambda epoch: apply_phase(net, trainer, cfg, epoch),
+                      command=True)
         estimator = Estimator(
             net, gluon.loss.SoftmaxCrossEntropyLoss(), train_metrics(), val_metrics(),
             trainer=trainer, context=devices,

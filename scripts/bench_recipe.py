@@ -28,8 +28,8 @@ from hvdtrain import TrainConfig
 from hvdtrain.data.datasets import SYNTHETIC_SIZE, make_synthetic
 from hvdtrain.loop.recipe.clipping import GradClipper
 from hvdtrain.loop.recipe.ema import WeightAverage
-from hvdtrain.loop.engine.epoch import Loop, train_epoch
-from hvdtrain.loop.engine.guard import FiniteGuard
+from hvdtrain.classify.build import classifier_loop
+from hvdtrain.loop.engine.epoch import train_epoch
 from hvdtrain.loop.recipe.mixing import Mixing
 from hvdtrain.loop.recipe.weight_decay import undecayed_params
 from hvdtrain.models import ModelError, check_model_name
@@ -74,14 +74,14 @@ def cpu_seconds():
 
 def turn_on(loop, variant, net, dist, classes):
     """Set `loop` up for `variant` (and undo every other variant)."""
-    loop.mixing = loop.clipper = loop.ema = None
+    loop.processor.mixing = loop.clipper = loop.ema = None
     exempt = undecayed_params(net)
     for param in exempt["normalisation"] + exempt["bias"]:
         param.wd_mult = 0.0 if variant == "--no-wd" else 1.0
     if variant.startswith("--mixup"):
-        loop.mixing = Mixing(0.2, 0.0, None, 0, classes)
+        loop.processor.mixing = Mixing(0.2, 0.0, None, 0, classes)
     elif variant.startswith("--cutmix"):
-        loop.mixing = Mixing(0.0, 1.0, None, 0, classes)
+        loop.processor.mixing = Mixing(0.0, 1.0, None, 0, classes)
     elif variant.startswith("--ema"):
         loop.ema = WeightAverage(net, 0.9999, 1 if "every" in variant else 32)
     elif variant.startswith("--clip"):
@@ -103,12 +103,12 @@ def main():
     trainer = hvdtrain.build_trainer(net, cfg, dist)
     hvdtrain.broadcast_parameters(trainer, args.batch_size * dist.num_workers)
     loader, _ = hvdtrain.build_loaders(data, cfg, dist)
-    loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]))
+    # The step count runs on over the blocks, as over a run (it decides --ema-every's updates).
+    state = TrainState()
+    loop = classifier_loop(net, trainer, devices, dist, state)
     rates = {variant: [] for variant in VARIANTS}
     cpu = {variant: [] for variant in VARIANTS}  # CPU seconds per sample
     turn_on(loop, "reference", net, dist, data.num_classes)
-    # The step count runs on over the blocks, as over a run (it decides --ema-every's updates).
-    state = TrainState()
     loop.max_steps = 3
     train_epoch(loop, loader, state)  # warm-up: graphs, buckets, allocations
     for number in range(args.rounds):

@@ -22,8 +22,9 @@ import numpy as np
 
 import hvdtrain
 from hvdtrain.config import TrainConfig
-from hvdtrain.loop.engine.build import build_trainer, initialize, broadcast_parameters
-from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.classify.build import build_trainer, classifier_loop, initialize
+from hvdtrain.loop.engine.epoch import train_epoch
+from hvdtrain.loop.engine.trainer import broadcast_parameters
 from hvdtrain.loop.engine.guard import FiniteGuard
 from hvdtrain.models import build_model
 from hvdtrain.state.train_state import TrainState
@@ -88,8 +89,8 @@ def main():
     initialize(net, [mx.cpu()], shape, cfg.seed, dist.rank)
     trainer = build_trainer(net, cfg, dist)
     broadcast_parameters(trainer, args.batch_size * dist.num_workers)
-    loop = Loop(net, trainer, [mx.cpu()], dist, lambda step: cfg.lr,
-                FiniteGuard(dist, mx.cpu(), cfg.finite_check_every))
+    loop = classifier_loop(net, trainer, [mx.cpu()], dist, TrainState(),
+                           guard=FiniteGuard(dist, mx.cpu(), cfg.finite_check_every))
     best = {True: float("inf"), False: float("inf")}
     for _ in range(args.rounds):
         for streamed in (False, True):

@@ -28,9 +28,10 @@ from hvdtrain.data.datasets import CIFAR_MEAN, CIFAR_STD, load_cifar10, make_syn
 from hvdtrain.store.broadcast import broadcast_
 from hvdtrain.store.dist import DistContext, share_cpu_threads
 from hvdtrain.store.buckets import BucketedTrainer
-from hvdtrain.loop.engine.guard import FiniteGuard
 from hvdtrain.models import ZOO_MODELS, model_names
-from hvdtrain.loop.engine.epoch import Loop, train_epoch
+from hvdtrain.classify.build import classifier_loop
+from hvdtrain.loop.engine.epoch import train_epoch
+from hvdtrain.loop.recipe.mixing import Mixing
 from hvdtrain.loop.recipe.parts import Recipe
 from hvdtrain.state.train_state import TrainState
 
@@ -268,11 +269,12 @@ def hvdtrain_loop(args, data):
     hvdtrain.broadcast_parameters(trainer, step_samples(args) * dist.num_workers)
     train_loader, _ = hvdtrain.build_loaders(data, cfg, dist)
     # After the broadcast, as the job makes it; no warm-up here.
-    recipe = Recipe.of(cfg, net, dist, data.num_classes, len(train_loader))
-    loop = Loop(net, trainer, devices, dist, lambda _: cfg.lr, FiniteGuard(dist, devices[0]),
-                log_interval=args.log_interval, accumulate=args.accumulate,
-                mixing=recipe.mixing, clipper=recipe.clipper, ema=recipe.ema)
+    recipe = Recipe.of(cfg, net, dist, len(train_loader))
     state = TrainState()
+    loop = classifier_loop(net, trainer, devices, dist, state,
+                           mixing=Mixing.of(cfg, data.num_classes),
+                           log_interval=args.log_interval, accumulate=args.accumulate,
+                           clipper=recipe.clipper, ema=recipe.ema)
     if args.instrument:
         if args.accumulate > 1:
             sys.exit("bench_worker: --instrument times one micro-batch per step; it does not "

@@ -15,10 +15,13 @@ from ..data.sampler import SplitSampler
 from ..data.streamed import ImageLoader
 from ..data.transforms import Augment
 from ..loop.engine import precision
+from ..loop.engine.epoch import Loop
+from ..loop.engine.guard import FiniteGuard
 from ..loop.engine.schedule import effective_base_lr
 from ..loop.engine.trainer import run_trainer
 from ..store.buckets import BucketedTrainer
 from ..store.dist import DistContext
+from .processor import ClassifierProcessor, StepContext
 
 logger = logging.getLogger("hvdtrain")
 
@@ -81,3 +84,18 @@ def build_loaders(data, cfg: TrainConfig, dist: DistContext, num_devices: int = 
     return (BatchLoader(data.train_x, data.train_y, train_sampler, worker_batch,
                         augment=data.augment, **common),
             BatchLoader(data.test_x, data.test_y, test_sampler, worker_batch, **common))
+
+
+def classifier_loop(net, trainer, devices, dist: DistContext, state, mixing=None,
+                    policy: Optional[precision.Precision] = None, **fields) -> Loop:
+    """The engine's :class:`~hvdtrain.loop.engine.epoch.Loop` as the command's steps run
+    (:class:`ClassifierProcessor`, `mixing` for ``--mixup``/``--cutmix``), for programs
+    that drive :func:`~hvdtrain.loop.engine.epoch.train_epoch` themselves (benchmarks,
+    tests). `state` is the TrainState those calls advance; `fields`, more of the Loop's
+    (``accumulate``, ``clipper``, ``ema``, ``max_steps``...). The trainer's own rate is
+    used (no schedule); the finite check runs every 10 steps."""
+    policy = policy or precision.Precision()
+    fields.setdefault("guard", FiniteGuard(dist, devices[0]))
+    return Loop(net, trainer, devices, dist, fields.pop("lr_for_step", None),
+                policy=policy, processor=ClassifierProcessor(mixing=mixing),
+                context=StepContext(net, trainer, devices, dist, policy, state), **fields)

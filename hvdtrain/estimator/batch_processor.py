@@ -25,7 +25,38 @@ from mxnet.gluon.contrib.estimator import batch_processor as mx_batch_processor
 
 import numpy as np
 
+from ..config import ConfigError
+
 __all__ = ["BatchProcessor", "split_over", "samples_in"]
+
+
+def _as_list(value) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def check_output(out, samples: int, who: str) -> None:
+    """Refuse, in one line, a ``fit_batch``/``evaluate_batch`` result (`who` names it) that
+    the engine cannot use: not (data, label, pred, loss); labels, predictions and losses in
+    different numbers of parts; or losses for another number of samples than the batch
+    holds (`samples`, its ``batch_samples``). The engine sums the losses into the epoch's
+    mean and divides the summed gradient by the step's sample count, so a loss must be one
+    value per sample: a loss averaged over the batch would shrink both by the batch size.
+    Shapes only: nothing waits for the device."""
+    if not isinstance(out, (list, tuple)) or len(out) != 4:
+        raise ConfigError(f"{who} must return (data, label, pred, loss), each a list with one "
+                          f"entry per device part; it returned {type(out).__name__}"
+                          f"{f' of {len(out)}' if isinstance(out, (list, tuple)) else ''}")
+    _, label, pred, loss = (_as_list(part) for part in out)
+    if not len(label) == len(pred) == len(loss):
+        raise ConfigError(f"{who} returned {len(label)} label, {len(pred)} prediction and "
+                          f"{len(loss)} loss part(s): one of each per device part")
+    counted = sum(int(part.shape[0]) if len(part.shape) else 1 for part in loss)
+    if counted != samples:
+        shapes = ", ".join(str(tuple(part.shape)) for part in loss)
+        raise ConfigError(f"{who} returned losses of shape {shapes}: {counted} value(s) for a "
+                          f"batch of {samples} sample(s) (batch_samples); return one loss per "
+                          f"sample (a Gluon loss does), not their mean, or override "
+                          f"batch_samples if the batch counts its samples otherwise")
 
 
 def samples_in(batch, batch_axis: int = 0) -> int:

@@ -30,11 +30,10 @@ import mxnet as mx
 from mxnet import gluon
 from mxnet.gluon.contrib.estimator import estimator as mx_estimator
 from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
-from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref
+from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref, _check_metrics
 
 from ..config import ConfigError
 from ..data.reshard import ShardedLoader, as_loader
-from ..loop.elastic.fit import fit_elastic
 from ..loop.engine.epoch import BatchHooks
 from ..loop.engine.evaluate import evaluate
 from ..loop.engine.metrics import MetricBook, record_name
@@ -43,17 +42,18 @@ from ..loop.engine.replicas import averaged_running_stats
 from ..loop.engine.schedule import effective_base_lr
 from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
 from ..loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
-from ..loop.run.boundary import host_copy
+from ..loop.run.boundary import command_flag, host_copy, keyword
 from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
 from ..loop.run.outputs import build_outputs
-from ..loop.run.together import write_together
+from ..loop.run.together import StoppedTogether, write_together
+from ..report.log import error_line
 from ..state.run_dir import RunDir
 from ..state.checkpoint import save_params
 from ..state.train_state import TrainState
 from ..state.writes import atomic_write
 from ..store.gluon_internals import (params_by_place, shape_deferred,
                                      skip_first_step_broadcast)
-from .batch_processor import BatchProcessor, samples_in
+from .batch_processor import BatchProcessor, check_output, samples_in
 from .event_handler import (GradientUpdateHandler, LoggingHandler, MetricHandler,
                             StoppingHandler, ValidationHandler, _check_event_handlers)
 from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
@@ -117,6 +117,8 @@ class _Processor:
     def fit_batch(self, estimator, batch, batch_axis=0):
         estimator.backward_calls = 0
         out = self.processor.fit_batch(estimator, batch, batch_axis)
+        check_output(out, self.batch_samples(batch, batch_axis),
+                     f"{type(self.processor).__name__}.fit_batch")
         if estimator.policy.amp and not estimator.backward_calls:
             raise ConfigError(f"under AMP, {type(self.processor).__name__}.fit_batch must run "
                               f"its backward pass through estimator.backward(losses), where "
@@ -125,7 +127,10 @@ class _Processor:
         return out
 
     def evaluate_batch(self, estimator, batch, batch_axis=0):
-        return self.processor.evaluate_batch(estimator, batch, batch_axis)
+        out = self.processor.evaluate_batch(estimator, batch, batch_axis)
+        check_output(out, self.batch_samples(batch, batch_axis),
+                     f"{type(self.processor).__name__}.evaluate_batch")
+        return out
 
     def epoch_figures(self, epoch: int) -> dict:
         figures = getattr(self.processor, "epoch_figures", None)
@@ -156,8 +161,15 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                  trainer=None, context=None, val_net=None, val_loss=None,
                  batch_processor=None, *, config=None, store=None, setup: Setup = None,
                  **options):
-        self.config = run_config(config, options)
         self.setup = setup or Setup()
+        self.config = run_config(config, options, self.setup.command)
+        # What MXNet's Estimator refuses, refused before a store is made (hvd.init()).
+        self._check_loss(loss)
+        if val_loss is not None:
+            self._check_loss(val_loss)
+        _check_metrics(train_metrics)
+        _check_metrics(val_metrics)
+        self._check_batch_processor(batch_processor)
         self.dist = self.setup.dist or dist_for(self.config, store)
         self.policy = Precision(getattr(self.config, "dtype", "float32"), self.config.amp)
         super().__init__(net, loss, train_metrics, val_metrics, initializer, trainer,
@@ -167,8 +179,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.logger.setLevel(logging.INFO if self.dist.is_root else logging.WARNING)
         self.policy.check_devices(self.context)
         check_store_for_devices(self.config.kvstore, self.dist, self.context)
-        self.train_book = MetricBook(self.train_metrics)
-        self.val_book = MetricBook(self.val_metrics)
+        self.train_book = MetricBook(self.train_metrics, "training_metrics")
+        self.val_book = MetricBook(self.val_metrics, "validation_metrics")
         self.trainer = distributed_trainer(self.trainer, self.net, self.config, self.dist,
                                            self.policy.amp)
         if self.policy.amp:
@@ -322,12 +334,23 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         the figures every rank ends with are in :attr:`result`."""
         cfg, train_feed = self.prepare(train_data, val_data, epochs, event_handlers, batches,
                                        batch_axis)
-        with guards(cfg, self.dist, self.setup) as (watchdog, signals):
-            self._watchdog = watchdog
-            try:
-                self._fit(cfg, train_feed, watchdog, signals)
-            finally:
-                self._watchdog = None
+        try:
+            with guards(cfg, self.dist, self.setup) as (watchdog, signals):
+                self._watchdog = watchdog
+                try:
+                    self._fit(cfg, train_feed, watchdog, signals)
+                finally:
+                    self._watchdog = None
+        except StoppedTogether as stop:
+            if self.setup.command:  # the command makes its exit status itself
+                raise
+            # Every rank stopped at the same point (a stop asked for, its checkpoint saved;
+            # or rank 0's failed write): each says its one line, they leave together, and
+            # the process ends with the status a scheduler reads (75: run it again).
+            if stop.line:
+                error_line(stop.line)
+            stop.leave()
+            raise SystemExit(stop.status) from None
 
     def prepare(self, train_data, val_data=None, epochs=None, event_handlers=None,
                 batches=None, batch_axis=0):
@@ -389,6 +412,9 @@ class Estimator(mx_estimator.Estimator, RunHooks):
 
     def _fit_elastic(self, cfg, train_feed, state, run_dir, watchdog, signals) -> Dict:
         """:meth:`fit` under Horovod's elastic driver (loop/elastic/fit.py)."""
+        # Imported here: Horovod's elastic module loads Horovod, and `import hvdtrain` must
+        # work on a host where it does not load (hvdtrain-check names such a rank).
+        from ..loop.elastic.fit import fit_elastic  # pylint: disable=import-outside-toplevel
         worker_batch = train_feed.batch_size
         self._ema = self._moving_average(cfg, run_dir)  # the elastic sync makes rank 0's everyone's
 
@@ -417,7 +443,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         return RunParts(self.net, self.trainer, self.context, self.dist, cfg, train_feed,
                         self, self.train_book, outputs, state, watchdog, self.policy, signals,
                         self._ema, base_lr=self._base_lr(cfg), prefixes=self.setup.prefixes,
-                        batch_axis=self.batch_axis, describe=describe)
+                        batch_axis=self.batch_axis, describe=describe,
+                        spell=command_flag if self.setup.command else keyword)
 
     def _base_lr(self, cfg) -> Optional[float]:
         """The rate the schedule follows at this world size: the command's, or the
@@ -458,8 +485,16 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                      None)
         if batch is None:
             raise ConfigError("no training batch holds a usable sample: nothing to train on")
-        with mx.autograd.train_mode():
-            self.processor.evaluate_batch(self, batch, self.batch_axis)
+        # The training net's forward pass (the validation net may be another block); what
+        # evaluate_batch runs, with it in the validation net's place. MXNet 1.x moves
+        # BatchNorm's statistics in the backward pass only: none runs here.
+        val_net, val_loss = self.val_net, self.val_loss
+        self.val_net, self.val_loss = self.net, self.loss
+        try:
+            with mx.autograd.train_mode():
+                self.processor.evaluate_batch(self, batch, self.batch_axis)
+        finally:
+            self.val_net, self.val_loss = val_net, val_loss
         mx.nd.waitall()
 
     def _finish(self, cfg, watchdog) -> None:
@@ -577,7 +612,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         metrics = [copy.deepcopy(m) for m in self.val_metrics]
         for metric in metrics:
             metric.name = "ema " + metric.name
-        book = MetricBook(metrics)
+        book = MetricBook(metrics, "average_validation_metrics")
         book.reset()
         feed.sampler.set_epoch(self.state.epoch)
         epoch, watchdog = self.state.epoch, self._watchdog

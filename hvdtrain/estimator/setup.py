@@ -53,6 +53,13 @@ class Setup:
     epoch_begin : callable, optional
         ``epoch_begin(epoch)`` on every rank before each epoch's steps (the command's
         frozen and unfrozen phases).
+    command : bool
+        The program is the ``hvdtrain`` command: it acts on :class:`TrainConfig`'s own
+        fields (the model, data and optimizer it builds), its lines name flags
+        (``--resume auto``), and it turns a stop every rank agreed on into its exit status
+        itself. Otherwise the Estimator refuses those fields, names its keywords
+        (``resume='auto'``), and ends the process after a stop's one line with its status
+        (75 for a signal, 1 for a failed write), as the command does.
     """
 
     run_dir: Optional[object] = None
@@ -65,12 +72,16 @@ class Setup:
     base_lr: Optional[float] = None
     describe: Optional[str] = None
     epoch_begin: Optional[Callable[[int], None]] = None
+    command: bool = False
 
 
-def run_config(config: Optional[RunConfig], options: Dict) -> RunConfig:
+def run_config(config: Optional[RunConfig], options: Dict, command: bool = False) -> RunConfig:
     """The run's settings: `config` (a RunConfig, or the command's TrainConfig) with
     `options` (RunConfig's fields by name) on top; an unknown name is refused in one line
-    that lists the known ones."""
+    that lists the known ones. Unless `command` (see :class:`Setup`), a TrainConfig whose
+    own fields (the command's model, data and optimizer) differ from their defaults is
+    refused in one line: the Estimator trains the objects it is given, and would ignore
+    them."""
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -80,6 +91,15 @@ def run_config(config: Optional[RunConfig], options: Dict) -> RunConfig:
     if not isinstance(config, RunConfig):
         raise ConfigError(f"config must be an hvdtrain.RunConfig (or TrainConfig), not "
                           f"{type(config).__name__}")
+    if not command:
+        ignored = [f.name for f in dataclasses.fields(config) if f.name not in known
+                   and getattr(config, f.name) != f.default]
+        if ignored:
+            raise ConfigError(
+                f"{type(config).__name__}'s {', '.join(ignored)} (the hvdtrain command's: the "
+                f"model, data and optimizer it builds) would not apply to the net, data and "
+                f"Trainer given to the Estimator: set {'them' if len(ignored) > 1 else 'it'} "
+                f"there, and pass a RunConfig")
     return dataclasses.replace(config, **options) if options else config
 
 

@@ -93,6 +93,8 @@ def run(args, folder):
         if args.record:
             os.makedirs(args.record, exist_ok=True)
             program = [sys.executable, os.path.join(HERE, "elastic_ids.py"), args.record]
+        elif args.program == "estimator":
+            program = [sys.executable, os.path.join(HERE, "estimator_elastic.py")]
         else:
             program = [os.path.join(BIN, "hvdtrain")]
         command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "4"] + launch + [
@@ -210,6 +212,9 @@ def parse(argv=None):
     parser.add_argument("--out", default="")
     parser.add_argument("--plain", action="store_true",
                         help="the reference: horovodrun -np 4 -H both hosts, no --elastic")
+    parser.add_argument("--program", choices=("hvdtrain", "estimator"), default="hvdtrain",
+                        help="estimator: a user's model through the Estimator "
+                             "(estimator_elastic.py) instead of the hvdtrain command")
     parser.add_argument("--record", default="",
                         help="run elastic_ids.py, recording each trained batch's ids here")
     parser.add_argument("extra", nargs="*", help="more hvdtrain flags, after --")

@@ -17,7 +17,7 @@ import time
 
 import hvdtrain.cli
 import hvdtrain.job
-import hvdtrain.loop.run.fit
+import hvdtrain.estimator.estimator
 from hvdtrain.state.background import HostCopy
 from hvdtrain.report.log import launch_rank
 
@@ -41,11 +41,11 @@ def wrap_build_dist(build_dist):
 
 
 def wrap_evaluate(evaluate, done=[]):  # pylint: disable=dangerous-default-value
-    def wrapped(net, loader, devices, dist, *args, **kwargs):
+    def wrapped(context, processor, loader, dist, *args, **kwargs):
         if not done and dist.rank == RANK:
             done.append(True)
             signal_myself("evaluation")
-        return evaluate(net, loader, devices, dist, *args, **kwargs)
+        return evaluate(context, processor, loader, dist, *args, **kwargs)
     return wrapped
 
 
@@ -62,7 +62,7 @@ def wrap_write(write):
 if AT == "start-up":
     hvdtrain.job.build_dist = wrap_build_dist(hvdtrain.job.build_dist)
 elif AT == "evaluation":
-    hvdtrain.loop.run.fit.evaluate = wrap_evaluate(hvdtrain.loop.run.fit.evaluate)
+    hvdtrain.estimator.estimator.evaluate = wrap_evaluate(hvdtrain.estimator.estimator.evaluate)
 if SLOW:
     HostCopy.save_parameters = wrap_write(HostCopy.save_parameters)
 sys.argv = ["hvdtrain"] + sys.argv[1:]

@@ -148,7 +148,8 @@ def _classifier_run(cfg, outputs, commit=None, signals=None):
     estimator = Estimator(net, gluon.loss.SoftmaxCrossEntropyLoss(), train_metrics(),
                           val_metrics(), trainer=trainer, context=[mx.cpu()],
                           batch_processor=ClassifierProcessor(), config=cfg,
-                          setup=Setup(dist=dist, prefixes=("train", "test"), base_lr=cfg.lr))
+                          setup=Setup(dist=dist, prefixes=("train", "test"), base_lr=cfg.lr,
+                                      command=True))
     estimator.logger.disabled = True
     run_cfg, feed = estimator.prepare(train_feed, val_feed, epochs=cfg.epochs)
     parts = estimator._run_parts(run_cfg, feed, outputs, TrainState(), None, signals)  # pylint: disable=protected-access

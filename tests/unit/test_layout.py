@@ -193,3 +193,16 @@ def test_development_md_names_every_program_and_no_file_outside_the_repo():
         held.update(os.path.relpath(os.path.join(top, name), root) for name in files)
     for cited in re.findall(r"`([\w./-]+\.(?:md|py|cfg|sh))`", text):
         assert any(path == cited or path.endswith("/" + cited) for path in held), cited
+
+
+def test_importing_the_package_loads_no_horovod(tmp_path):
+    """`import hvdtrain` (the Estimator included) must work where Horovod does not load:
+    hvdtrain-check imports it on such a rank to name it (tests/dist/test_preflight.py)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    (tmp_path / "horovod").mkdir()
+    (tmp_path / "horovod" / "__init__.py").write_text('raise ImportError("no Horovod here")\n')
+    proc = subprocess.run([sys.executable, "-c", "import hvdtrain, hvdtrain.estimator"],
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                              [str(tmp_path), os.path.dirname(PKG)])),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

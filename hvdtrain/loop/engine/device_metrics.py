@@ -121,9 +121,10 @@ class DeviceTopK(DeviceMetric):
             self._add(hits, int(label.shape[0]))
 
 
-class DeviceLoss(DeviceMetric):
-    """The mean of the per-sample losses it is given (as MXNet's ``metric.Loss``: its
-    `preds` are the losses, its labels ignored)."""
+class DeviceLoss(DeviceMetric, mx.metric.Loss):
+    """The mean of the per-sample losses it is given: a ``metric.Loss`` (its `preds` are
+    the losses, its labels ignored), so that the Estimator's handlers give it the losses,
+    not the predictions."""
 
     def __init__(self, name: str = "loss", record_name: Optional[str] = "loss",
                  log_name: Optional[str] = None):

@@ -103,10 +103,14 @@ class MetricBook:
     ----------
     metrics : sequence of EvalMetric
         Checked with :func:`check_reducible`.
+    name : str
+        Names its collective, the same on every rank (a parameter server keeps one size
+        for each name: each book has its own).
     """
 
-    def __init__(self, metrics: Sequence):
+    def __init__(self, metrics: Sequence, name: str = COLLECTIVE_NAME):
         self.metrics = list(metrics)
+        self.name = name
         check_reducible(self.metrics)
         self._errors: Dict[int, ElementErrors] = {
             id(m): ElementErrors(kind) for m in self.metrics
@@ -159,7 +163,7 @@ class MetricBook:
         # float64: counts and sums stay exact far beyond float32's 2**24.
         values = mx.nd.array(np.array(parts, np.float64), dtype="float64")
         if dist.num_workers > 1 and dist.synchronous:
-            values = dist.sum_across_workers(COLLECTIVE_NAME, values)
+            values = dist.sum_across_workers(self.name, values)
         summed = values.asnumpy().tolist()
         at = 0
         for metric, size in zip(self.metrics, layout):

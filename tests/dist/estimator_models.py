@@ -1,0 +1,148 @@
+"""One rank of an example model (examples/regression.py, sequence.py, two_inputs.py) trained
+by hvdtrain's Estimator as MXNet Estimator code does, dumping what
+test_estimator_models.py compares with a plain one-process Gluon loop.
+
+Usage: python estimator_models.py MODEL OUT_DIR [OPTION=VALUE ...] (under a launcher)
+
+MODEL is ``regression`` (shuffled), ``sequence`` or ``two_inputs`` (in order); the example's
+data, net, loss, metrics and batch processor, TRAIN training and VAL validation samples,
+BATCH samples per rank and step, EPOCHS epochs, SGD at LR with momentum 0.9. Options are
+RunConfig fields passed to the Estimator (``accumulate=2``, ``ema=0.9``,
+``clip_grad_norm=1.0``, ``compression=powersgd``; numbers parsed), and the program's own:
+``epochs=N``; ``unusable_first_step=1`` (the samples of the last rank's whole first step
+of epoch 1 raise BadSample: that rank runs no pass in it); ``sigterm_at_step=S`` (the last
+rank sends itself SIGTERM from a batch handler after step S, as Slurm would). Writes
+OUT_DIR/rank<R>-start.npz (rank 0: every array before the first step),
+OUT_DIR/rank<R>.npz (every array after, and the moving average's as ``ema:<name>``) and
+OUT_DIR/rank<R>.json (each metric's value as this rank reports it, the validation count,
+the fit's result).
+"""
+import json
+import os
+import signal
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+
+import regression  # noqa: E402
+import sequence  # noqa: E402
+import two_inputs  # noqa: E402
+from hvdtrain import BadSample  # noqa: E402
+from hvdtrain.estimator import BatchEnd, Estimator  # noqa: E402
+
+TRAIN, VAL, BATCH, EPOCHS, LR, SEED = 96, 40, 8, 2, 0.05, 3
+
+
+def parts(model):
+    """(net, loss, train metrics, batch processor or None, train data, val data, shuffle,
+    batchify_fn) of `model`."""
+    if model == "regression":
+        return (regression.make_net(), gluon.loss.L2Loss(), [mx.metric.RMSE()], None,
+                gluon.data.ArrayDataset(*regression.make_data(TRAIN, 1)),
+                gluon.data.ArrayDataset(*regression.make_data(VAL, 2)), True, None)
+    if model == "sequence":
+        return (sequence.make_net(), sequence.SmoothedCrossEntropy(), [mx.metric.Accuracy()],
+                None, gluon.data.ArrayDataset(*sequence.make_data(TRAIN, 1)),
+                gluon.data.ArrayDataset(*sequence.make_data(VAL, 2)), False, None)
+    return (two_inputs.make_net(), gluon.loss.L2Loss(),
+            [mx.metric.MAE(), two_inputs.WithinHalf()], two_inputs.DictBatches(),
+            two_inputs.make_data(TRAIN, 1), two_inputs.make_data(VAL, 2), False,
+            two_inputs.stack)
+
+
+def first_batch(model, data, batchify):
+    """One batch's inputs, to settle the net's shapes before its arrays are dumped."""
+    loader = gluon.data.DataLoader(data, batch_size=2, batchify_fn=batchify)
+    batch = next(iter(loader))
+    return (batch["user"], batch["item"]) if model == "two_inputs" else (batch[0],)
+
+
+class Unusable(gluon.data.Dataset):
+    """`dataset` whose samples `bad` cannot be read (the documented protocol)."""
+
+    def __init__(self, dataset, bad):
+        self.dataset, self.bad = dataset, set(int(i) for i in bad)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        if index in self.bad:
+            raise BadSample(f"sample {index} (made unusable by the test)")
+        return self.dataset[index]
+
+
+def first_step_of_last_rank(size, ranks, shuffle, seed, accumulate):
+    """The samples of the last rank's first optimizer step in epoch 1 (docs/estimator.md:
+    the order shuffled from (seed, epoch), strided over the ranks)."""
+    order = np.random.default_rng([seed, 0]).permutation(size) if shuffle \
+        else np.arange(size)
+    return order[ranks - 1::ranks][:BATCH * accumulate]
+
+
+class SigtermAt(BatchEnd):
+    """The last rank sends itself SIGTERM after optimizer step `step` (a batch handler of
+    the program's own; the engine has counted the step by then)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def batch_end(self, estimator, *args, **kwargs):
+        if estimator.rank == estimator.num_workers - 1 and estimator.state.step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def value(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def main():
+    model, out = sys.argv[1], sys.argv[2]
+    options = dict((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[3:]))
+    epochs = options.pop("epochs", EPOCHS)
+    unusable = options.pop("unusable_first_step", 0)
+    sigterm_at = options.pop("sigterm_at_step", None)
+    mx.random.seed(SEED)
+    net, loss, metrics, processor, train, val, shuffle, batchify = parts(model)
+    net.initialize(mx.init.Xavier())
+    net(*first_batch(model, train, batchify))
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR,
+                                                          "momentum": 0.9})
+    estimator = Estimator(net, loss, train_metrics=metrics, trainer=trainer,
+                          batch_processor=processor, **options)
+    if unusable:
+        train = Unusable(train, first_step_of_last_rank(
+            len(train), estimator.num_workers, shuffle, estimator.config.seed,
+            estimator.config.accumulate))
+    arrays = {name: p.data().asnumpy()
+              for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    if estimator.rank == 0:  # the run starts from rank 0's arrays (broadcast in fit)
+        np.savez(os.path.join(out, "rank0-start.npz"), **arrays)
+    estimator.fit(gluon.data.DataLoader(train, batch_size=BATCH, shuffle=shuffle,
+                                        batchify_fn=batchify),
+                  val_data=gluon.data.DataLoader(val, batch_size=BATCH, batchify_fn=batchify),
+                  epochs=epochs, event_handlers=[] if sigterm_at is None else
+                  [SigtermAt(sigterm_at)])
+    arrays = {name: p.data().asnumpy()
+              for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    if estimator.ema is not None:
+        arrays.update({f"ema:{name}": array for name, array in estimator.ema.state().items()})
+    np.savez(os.path.join(out, f"rank{estimator.rank}.npz"), **arrays)
+    reported = {m.name: float(m.get()[1]) for m in estimator.train_metrics + estimator.val_metrics}
+    with open(os.path.join(out, f"rank{estimator.rank}.json"), "w") as dump:
+        json.dump({"metrics": reported, "val_count": estimator.val_count,
+                   "result": estimator.result, "num_workers": estimator.num_workers}, dump)
+
+
+if __name__ == "__main__":
+    main()
