@@ -31,7 +31,7 @@ from hvdtrain.loop.recipe.ema import WeightAverage
 from hvdtrain.classify.build import classifier_loop
 from hvdtrain.loop.engine.epoch import train_epoch
 from hvdtrain.loop.recipe.mixing import Mixing
-from hvdtrain.loop.recipe.weight_decay import undecayed_params
+from hvdtrain.loop.engine.weight_decay import undecayed_params
 from hvdtrain.models import ModelError, check_model_name
 from hvdtrain.state.train_state import TrainState
 from hvdtrain.store.dist import DistContext, share_cpu_threads

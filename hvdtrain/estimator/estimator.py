@@ -19,122 +19,39 @@ event handlers. What changes is what a distributed run needs (docs/estimator.md)
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
-import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
-import mxnet as mx
-from mxnet import gluon
 from mxnet.gluon.contrib.estimator import estimator as mx_estimator
-from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
-from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref, _check_metrics
+from mxnet.gluon.contrib.estimator.utils import _check_metrics
 
-from ..config import ConfigError
-from ..data.reshard import ShardedLoader, as_loader
-from ..loop.engine.epoch import BatchHooks
 from ..loop.engine.evaluate import evaluate
 from ..loop.engine.metrics import MetricBook, record_name
 from ..loop.engine.precision import Precision
-from ..loop.engine.replicas import averaged_running_stats
 from ..loop.engine.schedule import effective_base_lr
 from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
 from ..loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
-from ..loop.run.boundary import command_flag, host_copy, keyword
+from ..loop.run.boundary import command_flag, keyword
 from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
 from ..loop.run.outputs import build_outputs
-from ..loop.run.together import StoppedTogether, write_together
+from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..state.run_dir import RunDir
-from ..state.checkpoint import save_params
 from ..state.train_state import TrainState
-from ..state.writes import atomic_write
-from ..store.gluon_internals import (params_by_place, shape_deferred,
-                                     skip_first_step_broadcast)
-from .batch_processor import BatchProcessor, check_output, samples_in
-from .event_handler import (GradientUpdateHandler, LoggingHandler, MetricHandler,
-                            StoppingHandler, ValidationHandler, _check_event_handlers)
+from ..store.gluon_internals import skip_first_step_broadcast
+from .adapters import AverageMetrics, Handlers, Processor
+from .batch_processor import BatchProcessor
+from .event_handler import evaluate_handlers, fit_handlers
+from .feeds import Feeds, split_size
+from .saves import averaged_statistics, save_final, save_model_files, settle_shapes
 from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
                     run_config)
 
 logger = logging.getLogger("hvdtrain")
 
 __all__ = ["Estimator"]
-
-
-class _Handlers(BatchHooks):
-    """An Estimator's batch handlers, as the engine calls them around each batch."""
-
-    def __init__(self, estimator, batch_begin, batch_end):
-        self.estimator, self.begin, self.end = estimator, batch_begin, batch_end
-
-    def batch_begin(self, batch) -> None:
-        for handler in self.begin:
-            handler.batch_begin(self.estimator, batch=batch)
-
-    def batch_end(self, batch, out) -> bool:
-        _, label, pred, loss = out
-        asked = [handler.batch_end(self.estimator, batch=batch, pred=pred, label=label,
-                                   loss=loss) for handler in self.end]
-        return any(asked)
-
-
-class _AverageMetrics(BatchHooks):
-    """The metric updates of an evaluation of ``ema``'s average, into copies of the
-    validation metrics."""
-
-    def __init__(self, estimator, book: MetricBook):
-        self.estimator, self.book = estimator, book
-
-    def batch_end(self, batch, out) -> bool:
-        _, label, pred, loss = out
-        for metric in self.book.metrics:
-            if isinstance(metric, mx_handlers.metric_loss):
-                self.book.update(metric, 0, loss)
-            else:
-                self.book.update(metric, label, pred)
-        return False
-
-
-class _Processor:
-    """The Estimator's batch processor as the engine uses it: MXNet's two methods, the
-    sample count (a processor without ``batch_samples`` counts its batches' first array),
-    and under AMP the check that ``fit_batch`` ran its backward pass through
-    ``estimator.backward``, where the losses are scaled."""
-
-    def __init__(self, processor, estimator):
-        self.processor, self.estimator = processor, estimator
-        self._count = getattr(processor, "batch_samples", None)
-
-    def batch_samples(self, batch, batch_axis=0) -> int:
-        if batch is None:  # every sample of the batch was unusable
-            return 0
-        return int(self._count(batch, batch_axis) if self._count is not None
-                   else samples_in(batch, batch_axis))
-
-    def fit_batch(self, estimator, batch, batch_axis=0):
-        estimator.backward_calls = 0
-        out = self.processor.fit_batch(estimator, batch, batch_axis)
-        check_output(out, self.batch_samples(batch, batch_axis),
-                     f"{type(self.processor).__name__}.fit_batch")
-        if estimator.policy.amp and not estimator.backward_calls:
-            raise ConfigError(f"under AMP, {type(self.processor).__name__}.fit_batch must run "
-                              f"its backward pass through estimator.backward(losses), where "
-                              f"the losses are scaled by AMP's loss scale (loss.backward() "
-                              f"would leave the update divided by a scale never applied)")
-        return out
-
-    def evaluate_batch(self, estimator, batch, batch_axis=0):
-        out = self.processor.evaluate_batch(estimator, batch, batch_axis)
-        check_output(out, self.batch_samples(batch, batch_axis),
-                     f"{type(self.processor).__name__}.evaluate_batch")
-        return out
-
-    def epoch_figures(self, epoch: int) -> dict:
-        figures = getattr(self.processor, "epoch_figures", None)
-        return figures(epoch) if figures is not None else {}
 
 
 class Estimator(mx_estimator.Estimator, RunHooks):
@@ -185,7 +102,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                                            self.policy.amp)
         if self.policy.amp:
             self.policy.prepare_trainer(self.trainer)
-        self.processor = _Processor(self.batch_processor, self)
+        self.processor = Processor(self.batch_processor, self)
         # The rate a schedule follows (scaled by the workers with lr_scaling='linear').
         self._rate = self.setup.base_lr if self.setup.base_lr is not None \
             else self.trainer.learning_rate
@@ -195,7 +112,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.backward_calls = 0
         self.result: Dict = {}
         self.val_count: Optional[int] = None
-        self._feeds: Dict[int, object] = {}
+        self.feeds = Feeds()
         self._evaluated = False
         self._average: Dict = {}
         self._ema: Optional[WeightAverage] = None
@@ -227,79 +144,13 @@ class Estimator(mx_estimator.Estimator, RunHooks):
 
     # --- the data ------------------------------------------------------------------------
 
-    def _feed(self, data, train: bool):
-        """This rank's share of `data` (see the module), made once per object."""
-        found = self._feeds.get((id(data), train))
-        if found is not None:
-            return found[1]
-        if hasattr(data, "sampler") and hasattr(getattr(data, "sampler"), "set_epoch") and \
-                hasattr(data, "batch_size"):
-            feed = data  # hvdtrain's own loaders, split already
-        elif isinstance(data, (gluon.data.DataLoader, gluon.data.Dataset)):
-            parts, part = (self.dist.num_workers, self.dist.rank) \
-                if self.dist.synchronous or train else (1, 0)
-            loader = as_loader(data, self.config.batch_size, shuffle=train)
-            feed = ShardedLoader(loader, parts, part, train, self.config.seed,
-                                 self.config.sampling)
-        else:
-            raise ValueError("Estimator only support input as Gluon DataLoader or Dataset. "
-                             "Alternatively, you can transform your DataIter or any NDArray "
-                             "into Gluon DataLoader. Refer to gluon.data.DataLoader")
-        self._feeds[(id(data), train)] = (data, feed)  # the object kept: its id stays its own
-        return feed
-
-    def _reshard(self) -> None:
-        """Every feed split over the ranks there are now (an elastic reset)."""
-        for (_, train), (_, feed) in self._feeds.items():
-            if train or self.dist.synchronous:
-                feed.sampler.reshard(self.dist.num_workers, self.dist.rank)
-
     # --- the handlers --------------------------------------------------------------------
 
     def _prepare_default_handlers(self, val_data, event_handlers):
-        event_handlers = _check_event_handlers(event_handlers)
-        for handler in event_handlers:
-            if isinstance(handler, mx_handlers.GradientUpdateHandler) and \
-                    type(handler).batch_end is not GradientUpdateHandler.batch_end:
-                raise ConfigError(
-                    f"{type(handler).__name__}: hvdtrain's engine applies the update (over "
-                    f"the global batch, after the exchange); a handler cannot apply it "
-                    f"again: drop it, and use the Estimator's clip_grad_norm, ema or a "
-                    f"batch processor for what it did")
-        added = [StoppingHandler(self.max_epoch, self.max_batch)]
-        if not any(isinstance(h, mx_handlers.GradientUpdateHandler) for h in event_handlers):
-            added.append(GradientUpdateHandler())
-        if not any(isinstance(h, mx_handlers.MetricHandler) for h in event_handlers):
-            added.append(MetricHandler(metrics=self.train_metrics))
-        if not any(isinstance(h, mx_handlers.ValidationHandler) for h in event_handlers) \
-                and val_data:
-            added.append(ValidationHandler(val_data=val_data, eval_fn=self.evaluate))
-        if not any(isinstance(h, mx_handlers.LoggingHandler) for h in event_handlers):
-            added.append(LoggingHandler(metrics=self.train_metrics))
-        mixing = event_handlers and added
-        event_handlers.extend(added)
-        if mixing:  # handlers given and added must read the same metric objects
-            known = set(self.train_metrics + self.val_metrics)
-            for handler in event_handlers:
-                _check_handler_metric_ref(handler, known)
-        event_handlers.sort(key=lambda handler: getattr(handler, "priority", 0))
-        return event_handlers
+        return fit_handlers(self, val_data, event_handlers)
 
     def _prepare_default_validation_handlers(self, event_handlers):
-        event_handlers = _check_event_handlers(event_handlers)
-        added = []
-        if not any(isinstance(h, mx_handlers.MetricHandler) for h in event_handlers):
-            added.append(MetricHandler(metrics=self.val_metrics))
-        if not any(isinstance(h, mx_handlers.LoggingHandler) for h in event_handlers):
-            added.append(LoggingHandler(metrics=self.val_metrics))
-        mixing = event_handlers and added
-        event_handlers.extend(added)
-        if mixing:
-            known = set(self.val_metrics)
-            for handler in event_handlers:
-                _check_handler_metric_ref(handler, known)
-        event_handlers.sort(key=lambda handler: getattr(handler, "priority", 0))
-        return event_handlers
+        return evaluate_handlers(self, event_handlers)
 
     def _book_of(self, metric) -> Optional[MetricBook]:
         for book in (self.train_book, self.val_book):
@@ -361,9 +212,9 @@ class Estimator(mx_estimator.Estimator, RunHooks):
             raise ValueError("Fit only support exactly one type of iteration, train by number "
                              "of epochs or number of batches.Please specify one and only one "
                              "of: epochs or batches.")
-        train_feed = self._feed(train_data, train=True)
+        train_feed = self.feeds.of(train_data, True, self.dist, self.config)
         if val_data is not None:
-            self._feed(val_data, train=False)
+            self.feeds.of(val_data, False, self.dist, self.config)
         self.max_epoch, self.max_batch, self.batch_axis = epochs, batches, batch_axis
         handlers = self._prepare_default_handlers(val_data, event_handlers)
         self._handlers = self._categorize_handlers(handlers)
@@ -377,7 +228,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         """The run, inside fit's guards: the folder, the restore, the claim and the
         broadcast, the epochs, the final save."""
         run_dir = self.setup.run_dir or RunDir.decide(cfg)
-        self._settle_shapes(train_feed)
+        settle_shapes(self, train_feed)
         worker_batch = train_feed.batch_size
         if cfg.elastic:
             # Loading a checkpoint's optimizer states would make the trainer broadcast
@@ -385,7 +236,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
             # would make alone, and hang. The elastic loop's sync broadcasts them.
             skip_first_step_broadcast(self.trainer)
         state = run_dir.restore(self.net, self.trainer, self.context, self.dist,
-                                worker_batch, _split_size(train_feed))
+                                worker_batch, split_size(train_feed))
         self.state = state
         if self.setup.epoch_begin is not None:
             # Before the store is set up, so that its buckets are planned for the epoch
@@ -408,7 +259,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                                     self._final_names(cfg))
             self.result = run_fit(self._run_parts(cfg, train_feed, outputs, state,
                                                   watchdog, signals))
-            self._finish(cfg, watchdog)
+            save_final(cfg, self.net, self.dist, self._ema, self.setup.final_files,
+                       watchdog)
 
     def _fit_elastic(self, cfg, train_feed, state, run_dir, watchdog, signals) -> Dict:
         """:meth:`fit` under Horovod's elastic driver (loop/elastic/fit.py)."""
@@ -421,7 +273,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         def make_run(dist, position, commit):
             self.dist = dist
             self.logger.setLevel(logging.INFO if dist.is_root else logging.WARNING)
-            self._reshard()
+            self.feeds.reshard(dist)
             outputs = build_outputs(cfg, dist, worker_batch, self._meta(),
                                     self._final_names(cfg))
             parts = self._run_parts(cfg, train_feed, outputs, position, watchdog, signals)
@@ -430,7 +282,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
 
         def finish(dist):
             self.dist = dist
-            self._finish(cfg, watchdog)
+            save_final(cfg, self.net, self.dist, self._ema, self.setup.final_files,
+                       watchdog)
 
         dist, result = fit_elastic(self.net, self.trainer, self.dist.store, cfg, state,
                                    run_dir, watchdog, make_run, finish, self._ema)
@@ -471,66 +324,16 @@ class Estimator(mx_estimator.Estimator, RunHooks):
             ema.resume(run_dir.resumed_from)
         return ema
 
-    def _settle_shapes(self, train_feed) -> None:
-        """Gluon defers a parameter's shape to the first forward pass; the start-up
-        broadcast needs them all. One training batch's forward pass (in training mode: an
-        inference pass lets MKL-DNN reorder weights in place, which the broadcast cannot
-        read; no gradient recorded) settles them."""
-        deferred = [p for p in self.net.collect_params().values() if shape_deferred(p)]
-        if not deferred:
-            return
-        train_feed.sampler.set_epoch(self.state.epoch)
-        batch = next((b for b in train_feed if self.processor.batch_samples(b,
-                                                                          self.batch_axis)),
-                     None)
-        if batch is None:
-            raise ConfigError("no training batch holds a usable sample: nothing to train on")
-        # The training net's forward pass (the validation net may be another block); what
-        # evaluate_batch runs, with it in the validation net's place. MXNet 1.x moves
-        # BatchNorm's statistics in the backward pass only: none runs here.
-        val_net, val_loss = self.val_net, self.val_loss
-        self.val_net, self.val_loss = self.net, self.loss
-        try:
-            with mx.autograd.train_mode():
-                self.processor.evaluate_batch(self, batch, self.batch_axis)
-        finally:
-            self.val_net, self.val_loss = val_net, val_loss
-        mx.nd.waitall()
-
-    def _finish(self, cfg, watchdog) -> None:
-        """After the last epoch: rank 0 saves the program's final files, ``ema``'s average
-        and then the trained parameters (``model.params`` last: a folder holding it holds a
-        finished run), busy meanwhile; every rank learns whether it could."""
-        if not cfg.output_dir:
-            return
-
-        def save():
-            if not self.dist.is_root:
-                return
-            with watchdog.busy("saving the final parameters"):
-                for name, write in self.setup.final_files.items():
-                    atomic_write(os.path.join(cfg.output_dir, name), write)
-                if self._ema is not None:
-                    logger.info("the moving average of the parameters (--ema) saved to %s",
-                                atomic_write(os.path.join(cfg.output_dir, FINAL_EMA_PARAMS),
-                                             self._ema.save))
-                logger.info("parameters saved to %s",
-                            save_params(self.net, os.path.join(cfg.output_dir,
-                                                               "model.params")))
-
-        write_together(self.dist, save, "the end")
-
     # --- RunHooks: what the run asks at each point ---------------------------------------
 
     @property
     def batch_hooks(self):
         _, _, batch_begin, batch_end, _, _ = self._handlers
-        return _Handlers(self, batch_begin, batch_end)
+        return Handlers(self, batch_begin, batch_end)
 
     @property
     def val_feed(self):
-        vals = [feed for (_, train), (_, feed) in self._feeds.items() if not train]
-        return vals[-1] if vals else None
+        return self.feeds.validation
 
     def train_begin(self) -> None:
         for handler in self._handlers[0]:
@@ -582,7 +385,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         ranks) with the validation net, loss and metrics, the metrics summed over the ranks
         before the ``epoch_end`` handlers read them; as MXNet's ``Estimator.evaluate``. How
         many samples were scored, over every rank, is :attr:`val_count`."""
-        feed = self._feed(val_data, train=False)
+        feed = self.feeds.of(val_data, False, self.dist, self.config)
         for metric in self.val_metrics:
             self.reset_metric(metric)
         handlers = self._prepare_default_validation_handlers(event_handlers)
@@ -592,10 +395,10 @@ class Estimator(mx_estimator.Estimator, RunHooks):
             handler.epoch_begin(self)
         feed.sampler.set_epoch(self.state.epoch)  # the same order; names the epoch it scores
         epoch, watchdog = self.state.epoch, self._watchdog
-        with self._averaged_statistics():
+        with averaged_statistics(self.net, self.dist, self._inside_epoch):
             self.val_count = evaluate(
                 self, self.processor, feed, self.dist, self.val_book,
-                _Handlers(self, batch_begin, batch_end), batch_axis,
+                Handlers(self, batch_begin, batch_end), batch_axis,
                 on_batch=None if watchdog is None else
                 lambda b: watchdog.beat(f"evaluation batch {b} (epoch {epoch + 1})"))
         self._evaluated = True
@@ -608,7 +411,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         ``ema_<val>_<name>``)."""
         if self._ema is None:
             return
-        feed = self._feed(val_data, train=False)
+        feed = self.feeds.of(val_data, False, self.dist, self.config)
         metrics = [copy.deepcopy(m) for m in self.val_metrics]
         for metric in metrics:
             metric.name = "ema " + metric.name
@@ -618,52 +421,14 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         epoch, watchdog = self.state.epoch, self._watchdog
         with self._ema.applied():
             count = evaluate(self, self.processor, feed, self.dist, book,
-                             _AverageMetrics(self, book), batch_axis,
+                             AverageMetrics(self, book), batch_axis,
                              on_batch=None if watchdog is None else lambda b: watchdog.beat(
                                  f"evaluation batch {b} of the average (epoch {epoch + 1})"))
         val = self.setup.prefixes[1]
         self._average = dict({f"ema_{val}_{n}": v for n, v in book.values().items()},
                              **{f"ema_{val}_samples": count})
 
-    @contextlib.contextmanager
-    def _averaged_statistics(self):
-        """Inside an epoch (a ``batch_period`` evaluation, a handler's save) each rank's
-        running statistics are its own: meanwhile every rank holds their average over the
-        ranks, then its own again. At an epoch's end they are averaged already."""
-        if not self._inside_epoch:
-            yield
-            return
-        averages, _ = averaged_running_stats(self.net, self.dist)
-        own = [(param, [c.copy() for c in param.list_data()]) for param, _ in averages]
-        for param, value in averages:
-            for copy_ in param.list_data():
-                value.copyto(copy_)
-        try:
-            yield
-        finally:
-            for param, copies in own:
-                for copy_, value in zip(param.list_data(), copies):
-                    value.copyto(copy_)
-            mx.nd.waitall()
-
     def save_model_files(self, param_file: str, trainer_file: str) -> None:
-        """A CheckpointHandler's save: rank 0 writes the parameters (inside an epoch, the
-        running statistics averaged over the ranks) and the trainer's states, each whole or
-        not at all; every rank learns whether it could."""
-        replace = {}
-        if self._inside_epoch:
-            averages, _ = averaged_running_stats(self.net, self.dist)
-            names = {id(param): name for name, param in params_by_place(self.net).items()}
-            replace = {names[id(param)]: value for param, value in averages}
-
-        def write():
-            if self.dist.is_root:
-                held = host_copy(self.net, self.trainer, True, replace)
-                atomic_write(param_file, held.save_parameters)
-                atomic_write(trainer_file, held.save_states)
-
-        write_together(self.dist, write, f"a CheckpointHandler save ({param_file})")
-
-
-def _split_size(feed) -> int:
-    return int(getattr(feed, "num_samples", 0) or getattr(feed.sampler, "length", 0))
+        """A CheckpointHandler's save (:func:`~.saves.save_model_files`)."""
+        save_model_files(self.net, self.trainer, self.dist, self._inside_epoch, param_file,
+                         trainer_file)

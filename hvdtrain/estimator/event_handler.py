@@ -31,6 +31,9 @@ from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
 from mxnet.gluon.contrib.estimator.event_handler import (  # noqa: F401  (the API, re-exported)
     BatchBegin, BatchEnd, EarlyStoppingHandler, EpochBegin, EpochEnd, EventHandler,
     LoggingHandler, TrainBegin, TrainEnd, _check_event_handlers)
+from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref
+
+from ..config import ConfigError
 
 
 __all__ = ["TrainBegin", "TrainEnd", "EpochBegin", "EpochEnd", "BatchBegin", "BatchEnd",
@@ -119,3 +122,58 @@ class CheckpointHandler(mx_handlers.CheckpointHandler):
                     if name.startswith(oldest):
                         os.remove(os.path.join(self.model_dir, name))
 
+
+
+def fit_handlers(estimator, val_data, event_handlers) -> list:
+    """The handlers of a ``fit``: `event_handlers` and MXNet's defaults for what they leave
+    out (the counters, the update's place, the metric updates, the validation, the log),
+    in MXNet's order of priority. A handler that applies the update itself is refused: the
+    engine has applied it, over the global batch, when ``batch_end`` handlers run."""
+    event_handlers = _check_event_handlers(event_handlers)
+    for handler in event_handlers:
+        if isinstance(handler, mx_handlers.GradientUpdateHandler) and \
+                type(handler).batch_end is not GradientUpdateHandler.batch_end:
+            raise ConfigError(
+                f"{type(handler).__name__}: hvdtrain's engine applies the update (over the "
+                f"global batch, after the exchange); a handler cannot apply it again: drop "
+                f"it, and use the Estimator's clip_grad_norm, ema or a batch processor for "
+                f"what it did")
+    added = [StoppingHandler(estimator.max_epoch, estimator.max_batch)]
+    if not _has(event_handlers, mx_handlers.GradientUpdateHandler):
+        added.append(GradientUpdateHandler())
+    if not _has(event_handlers, mx_handlers.MetricHandler):
+        added.append(MetricHandler(metrics=estimator.train_metrics))
+    if not _has(event_handlers, mx_handlers.ValidationHandler) and val_data:
+        added.append(ValidationHandler(val_data=val_data, eval_fn=estimator.evaluate))
+    if not _has(event_handlers, mx_handlers.LoggingHandler):
+        added.append(LoggingHandler(metrics=estimator.train_metrics))
+    return _completed(event_handlers, added,
+                      set(estimator.train_metrics + estimator.val_metrics))
+
+
+def evaluate_handlers(estimator, event_handlers) -> list:
+    """The handlers of an ``evaluate``: `event_handlers`, and MXNet's metric updates and
+    log where they leave them out."""
+    event_handlers = _check_event_handlers(event_handlers)
+    added = []
+    if not _has(event_handlers, mx_handlers.MetricHandler):
+        added.append(MetricHandler(metrics=estimator.val_metrics))
+    if not _has(event_handlers, mx_handlers.LoggingHandler):
+        added.append(LoggingHandler(metrics=estimator.val_metrics))
+    return _completed(event_handlers, added, set(estimator.val_metrics))
+
+
+def _has(handlers, kind) -> bool:
+    return any(isinstance(handler, kind) for handler in handlers)
+
+
+def _completed(given: list, added: list, known: set) -> list:
+    """`given` and `added` in MXNet's order of priority; when both have some, every handler
+    must read the Estimator's own metric objects (`known`), as MXNet checks."""
+    mixing = given and added
+    handlers = given + added
+    if mixing:
+        for handler in handlers:
+            _check_handler_metric_ref(handler, known)
+    handlers.sort(key=lambda handler: getattr(handler, "priority", 0))
+    return handlers

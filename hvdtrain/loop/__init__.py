@@ -2,11 +2,12 @@
 
 - ``engine/``: one step and one epoch for any batch processor (the counts every rank sums,
   the update, accumulation, AMP's scale, the finite guard), sharded evaluation, metrics
-  reduced over the ranks, running statistics averaged, the trainer on the run's store;
+  reduced over the ranks, running statistics averaged, the trainer on the run's store
+  (``--no-wd``'s exemptions among its settings);
 - ``run/``: a run's epochs and what each epoch's end decides (``decisions.py``: evaluate,
   save, stop), the votes at step boundaries, the outputs, leaving together;
-- ``recipe/``: what a run adds to the step (clipping, the moving average, no weight decay
-  for biases and norms, last gammas, mixing);
+- ``recipe/``: what a run adds to the step (clipping, the moving average, last gammas,
+  mixing);
 - ``weights/``: the weights a run starts from, the parameter files, fine-tuning's phases;
 - ``elastic/``: elastic training's state and its run under Horovod's driver.
 

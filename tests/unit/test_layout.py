@@ -206,3 +206,23 @@ def test_importing_the_package_loads_no_horovod(tmp_path):
                               [str(tmp_path), os.path.dirname(PKG)])),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# loop/'s rooms, lowest first (loop/__init__.py): a room may import a lower one, never a
+# sibling on its level or a higher one.
+LOOP_ROOMS = [{"engine"}, {"recipe", "weights"}, {"run"}, {"elastic"}]
+LOOP_ROOM = {room: index for index, rooms in enumerate(LOOP_ROOMS) for room in rooms}
+LOOP = [(p, d) for p, d in ALL if d.startswith("hvdtrain.loop.") and len(d.split(".")) > 3]
+
+
+def test_every_room_of_the_loop_has_a_level():
+    assert {d.split(".")[2] for _, d in LOOP} == set(LOOP_ROOM)
+
+
+@pytest.mark.parametrize("path,dotted", LOOP, ids=[d for _, d in LOOP])
+def test_no_room_of_the_loop_imports_its_level_or_above(path, dotted):
+    own = dotted.split(".")[2]
+    wrong = sorted(t for t in _imports(path, dotted) if t.startswith("hvdtrain.loop.")
+                   and len(t.split(".")) > 3 and t.split(".")[2] != own
+                   and LOOP_ROOM[t.split(".")[2]] >= LOOP_ROOM[own])
+    assert not wrong, f"{dotted} (room {own}) imports {wrong}"

@@ -13,7 +13,7 @@ from mxnet import autograd, gluon
 
 from hvdtrain.config import TrainConfig
 from hvdtrain.classify.build import build_trainer
-from hvdtrain.loop.recipe.weight_decay import undecayed_params
+from hvdtrain.loop.engine.weight_decay import undecayed_params
 from hvdtrain.models import build_model
 from hvdtrain.store.dist import DistContext
 

@@ -16,7 +16,7 @@ from ...store.gluon_internals import (asks_update_on_store, set_up_store, store_
                                       trainer_optimizer, trainer_params, trainer_started,
                                       updates_on_store)
 from ...store.powersgd import PowerSGD
-from ..recipe.weight_decay import exempt_from_weight_decay
+from .weight_decay import exempt_from_weight_decay
 from .batches import accumulate_gradients
 
 logger = logging.getLogger("hvdtrain")

@@ -2,7 +2,7 @@
 :func:`~hvdtrain.loop.run.fit.fit`: gradient clipping and the moving average, with what each
 adds to an epoch's metrics record, its log line and its checkpoint. (``--no-wd`` and
 ``--last-gamma`` act once, when the trainer and the model are built:
-:mod:`.weight_decay`, :mod:`.last_gamma`; mixing is image classification's, in its batch
+:mod:`hvdtrain.loop.engine.weight_decay`, :mod:`.last_gamma`; mixing is image classification's, in its batch
 processor: :mod:`hvdtrain.classify.processor`.)
 """
 from __future__ import annotations
