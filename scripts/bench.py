@@ -12,7 +12,8 @@ ranks in a private network namespace, Gloo over a rate-limited loopback; skipped
 where ``unshare -n``/``tc`` are unavailable): the plain loop, hvdtrain, --fp16-allreduce,
 --accumulate 4 and both, and PowerSGD at ranks 2 and 4 (and with --accumulate 4). Then an
 allreduce microbenchmark, the cost of exchanging each step's sample count
-(scripts/bench_step_counts.py), the training recipe's options in paired blocks of one job
+(scripts/bench_step_counts.py), PowerSGD's own work against the memory's bandwidth
+(scripts/bench_powersgd.py), the training recipe's options in paired blocks of one job
 at 32x32 and at 64x64 (scripts/bench_recipe.py), the input-pipeline and memory rows of
 scripts/bench_images.py, and resnet50_v1 on 2 ranks from RecordIO against synthetic input
 (scripts/bench_input_bound.py), and hvdtrain-predict against ImageRecordIter plus a forward
@@ -181,6 +182,11 @@ def main():
     for size, store_bw, raw_bw in results.allreduce:
         print(f"  {size / 2**20:7.2f} MiB | {store_bw:9.0f} | {raw_bw:9.0f} | "
               f"ratio {store_bw / raw_bw:.2f}")
+    print("\nPowerSGD's own work a step, two processes at once (scripts/bench_powersgd.py):")
+    for row in results.powersgd:
+        print(f"  {row['model']} rank {row['rank']}: {row['exchange_ms']:.1f} ms over "
+              f"{row['compressed_mb']:.1f} MB at {row['bandwidth_gb_s']:.1f} GB/s a pass: "
+              f"{row['passes_at_bandwidth']:.1f} passes' time (floor 8)")
     print("\neach step's sample count exchanged (scripts/bench_step_counts.py):")
     for row in results.counts:
         print("  " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -229,6 +235,11 @@ def measure_all(args, tmp, runs, results):
     micro = runs.collect([runs.start(horovodrun(2) + [
         sys.executable, os.path.join(HERE, "bench_allreduce.py")])])
     results.allreduce = [r for r in micro if r["rank"] == 0][0]["results"]
+    # PowerSGD's own work a step against the memory's bandwidth, two processes at once as
+    # the two ranks of a host.
+    results.powersgd = runs.collect([runs.start([
+        sys.executable, os.path.join(HERE, "bench_powersgd.py"), "--model", args.model])
+        for _ in range(2)])
     # What keeps every rank's divisor the same: each step's sample count exchanged.
     counts = runs.collect([runs.start(horovodrun(2) + [
         sys.executable, os.path.join(HERE, "bench_step_counts.py")])])

@@ -167,6 +167,7 @@ class Results:
         self.allreduce = None
         self.images = []  # the input-pipeline rows (scripts/bench_images.py)
         self.counts = []  # the count exchange's cost (scripts/bench_step_counts.py)
+        self.powersgd = []  # PowerSGD's own work, two processes at once (bench_powersgd.py)
         self.recipe = []  # the training recipe's options, paired, per image size (bench_recipe.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
@@ -198,7 +199,8 @@ class Results:
         try:
             with open(temporary, "w") as out:
                 json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
-                               counts=self.counts, images=self.images, recipe=self.recipe,
+                               counts=self.counts, powersgd=self.powersgd,
+                               images=self.images, recipe=self.recipe,
                                complete=complete), out, indent=1)
             os.replace(temporary, self.path)
         finally:

@@ -281,6 +281,19 @@ def test_count_exchange_row_times_both_sides_of_the_same_loop(tmp_path):
         assert 0 < row["exchange_alone_ms"] < 1000, row
 
 
+def test_powersgd_row_times_the_exchange_of_every_compressed_gradient(tmp_path):
+    """bench_powersgd.py plans ResNet-18's buckets as the Trainer does and times PowerSGD's
+    exchange of all of them: the 21 matrices that PowerSGD compresses (44.7 MB), at least
+    the eight passes over them that the exchange makes."""
+    prefix = str(tmp_path / "powersgd")
+    proc = run_command([sys.executable, os.path.join(REPO, "scripts", "bench_powersgd.py"),
+                        "--steps", "2", "--out", prefix], timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    row = json.load(open(prefix + ".rank0.json"))
+    assert row["matrices"] == 21 and 44 < row["compressed_mb"] < 45, row
+    assert row["bandwidth_gb_s"] > 0 and row["passes_at_bandwidth"] > 4, row
+
+
 def test_predict_row_times_hvdtrain_predict_and_imagerecorditer(tmp_path):
     prefix = str(tmp_path / "predict")
     proc = run_command([sys.executable, os.path.join(REPO, "scripts", "bench_predict.py"),
