@@ -11,7 +11,9 @@ RunConfig fields passed to the Estimator (``accumulate=2``, ``ema=0.9``,
 ``clip_grad_norm=1.0``, ``compression=powersgd``; numbers parsed), and the program's own:
 ``epochs=N``; ``unusable_first_step=1`` (the samples of the last rank's whole first step
 of epoch 1 raise BadSample: that rank runs no pass in it); ``sigterm_at_step=S`` (the last
-rank sends itself SIGTERM from a batch handler after step S, as Slurm would). Writes
+rank sends itself SIGTERM from a batch handler after step S, as Slurm would);
+``stop_after_epoch=E`` (an epoch handler of the last rank alone asks to end training after
+epoch E, as an early-stopping rule that saw other figures would). Writes
 OUT_DIR/rank<R>-start.npz (rank 0: every array before the first step),
 OUT_DIR/rank<R>.npz (every array after, and the moving average's as ``ema:<name>``) and
 OUT_DIR/rank<R>.json (each metric's value as this rank reports it, the validation count,
@@ -33,7 +35,7 @@ import regression  # noqa: E402
 import sequence  # noqa: E402
 import two_inputs  # noqa: E402
 from hvdtrain import BadSample  # noqa: E402
-from hvdtrain.estimator import BatchEnd, Estimator  # noqa: E402
+from hvdtrain.estimator import BatchEnd, Estimator, EpochEnd  # noqa: E402
 
 TRAIN, VAL, BATCH, EPOCHS, LR, SEED = 96, 40, 8, 2, 0.05, 3
 
@@ -97,6 +99,17 @@ class SigtermAt(BatchEnd):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class StopAfterEpoch(EpochEnd):
+    """The last rank alone asks to end training after epoch `epoch` (counted from 1)."""
+
+    def __init__(self, epoch):
+        self.epoch, self.seen = epoch, 0
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.seen += 1
+        return estimator.rank == estimator.num_workers - 1 and self.seen >= self.epoch
+
+
 def value(text):
     for kind in (int, float):
         try:
@@ -112,6 +125,7 @@ def main():
     epochs = options.pop("epochs", EPOCHS)
     unusable = options.pop("unusable_first_step", 0)
     sigterm_at = options.pop("sigterm_at_step", None)
+    stop_after = options.pop("stop_after_epoch", None)
     mx.random.seed(SEED)
     net, loss, metrics, processor, train, val, shuffle, batchify = parts(model)
     net.initialize(mx.init.Xavier())
@@ -131,8 +145,9 @@ def main():
     estimator.fit(gluon.data.DataLoader(train, batch_size=BATCH, shuffle=shuffle,
                                         batchify_fn=batchify),
                   val_data=gluon.data.DataLoader(val, batch_size=BATCH, batchify_fn=batchify),
-                  epochs=epochs, event_handlers=[] if sigterm_at is None else
-                  [SigtermAt(sigterm_at)])
+                  epochs=epochs, event_handlers=([] if sigterm_at is None else
+                                                 [SigtermAt(sigterm_at)])
+                  + ([] if stop_after is None else [StopAfterEpoch(stop_after)]))
     arrays = {name: p.data().asnumpy()
               for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
     if estimator.ema is not None:

@@ -106,7 +106,7 @@ def test_bad_samples_on_one_shard_leave_every_rank_identical(case, bad_sets, tmp
                      "--output-dir", str(tmp_path / "run")] + extra
     if data == "pack":
         flags[flags.index("imagefolder")] = "recordio"
-    prefix = ps_launcher(ranks) if "--kvstore" in extra else launcher("horovodrun", ranks)
+    prefix = ps_launcher(ranks) if "--kvstore" in extra else launcher("ranks", ranks)
     results, params, log = run_ranks(prefix, tmp_path, flags)
     assert len(results) == ranks
     for other in params[1:]:
@@ -163,7 +163,7 @@ def test_one_bad_sample_gives_the_update_of_a_plain_loop_without_it(tmp_path):
     flags = FLAGS + ["--batch-size", "8", "--epochs", "3", "--data-dir", folder,
                      "--max-bad-samples", "1", "--lr", str(LR)]
     os.makedirs(tmp_path / "out")
-    results, params, _ = run_ranks(launcher("horovodrun", 2), tmp_path / "out", flags,
+    results, params, _ = run_ranks(launcher("ranks", 2), tmp_path / "out", flags,
                                    env={"HVDTRAIN_DUMP_START": "1"})
     assert results[0]["steps"] == 3
     assert_same_params(params[0], params[1])
@@ -195,7 +195,7 @@ def test_a_rank_whose_whole_step_is_unusable_applies_the_same_loss_scale(ranks, 
                      "0", "--powersgd-rank", "2", "--lr", "0.02", "--clip-grad-norm", "2",
                      "--output-dir", str(tmp_path / "run")]
     program = os.path.join(os.path.dirname(os.path.abspath(__file__)), "amp_stand_in.py")
-    cmd = launcher("horovodrun", ranks) + [sys.executable, program, str(tmp_path)] + flags
+    cmd = launcher("ranks", ranks) + [sys.executable, program, str(tmp_path)] + flags
     proc = run_command(cmd, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:]
     params = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(ranks)]

@@ -30,7 +30,7 @@ WORKER = os.path.join(REPO, "scripts", "bench_worker.py")
 def test_bench_worker_reports_each_rank(flags, tmp_path):
     write_cifar_files(str(tmp_path / "cifar"), num_train=256, num_test=16)
     prefix = str(tmp_path / "run")
-    proc = run_command(launcher("horovodrun") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, WORKER, "--data-dir", str(tmp_path / "cifar"), "--steps", "2",
         "--warmup", "1", "--batch-size", "16", "--out", prefix] + flags,
         timeout=JOB_TIMEOUT, env={"OMP_NUM_THREADS": "1"})
@@ -56,7 +56,7 @@ def test_bench_before_row_copies_through_fusion_buffer(copied, tmp_path):
     # time; a bucket of one gradient is copied only when Horovod's timing happens to fuse
     # it with another call (with 0.002 MiB every bucket was one gradient, and one of them
     # went uncopied in stop 33's CI run).
-    proc = run_command(launcher("horovodrun") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, WORKER, "--impl", "hvdtrain", "--data", "synthetic", "--model",
         "simple_cnn", "--grad-bucket-mb", "8.05", "--steps", "2", "--warmup", "1",
         "--batch-size", "16", "--out", str(tmp_path / "run")]
@@ -269,7 +269,7 @@ def test_shaped_link_rows_send_the_gradients_over_the_shaped_loopback(tmp_path):
 
 def test_count_exchange_row_times_both_sides_of_the_same_loop(tmp_path):
     prefix = str(tmp_path / "counts")
-    proc = run_command(launcher("horovodrun") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, os.path.join(REPO, "scripts", "bench_step_counts.py"), "--out", prefix,
         "--model", "simple_cnn", "--image-size", "8", "--steps", "3", "--rounds", "1"],
         timeout=JOB_TIMEOUT)
@@ -310,7 +310,7 @@ def test_recipe_costs_are_paired_blocks_of_one_job(tmp_path):
     """scripts/bench_recipe.py: every option's blocks ran, each compared with the reference
     block of its round."""
     prefix = str(tmp_path / "recipe")
-    proc = run_command(launcher("horovodrun") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, os.path.join(REPO, "scripts", "bench_recipe.py"), "--out", prefix,
         "--model", "simple_cnn", "--steps", "2", "--rounds", "2", "--image-size", "16"],
         timeout=JOB_TIMEOUT,

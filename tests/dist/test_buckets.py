@@ -23,7 +23,7 @@ MODES = ["imperative", "hybridize", "static"]
 def seen(tmp_path_factory):
     """Both ranks' reports of every case, from one 2-rank run."""
     out_dir = tmp_path_factory.mktemp("buckets")
-    proc = run_command(launcher("horovodrun") + [sys.executable, SCRIPT, str(out_dir)] + CASES,
+    proc = run_command(launcher("ranks") + [sys.executable, SCRIPT, str(out_dir)] + CASES,
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return [json.load(open(out_dir / f"buckets{rank}.json")) for rank in (0, 1)]

@@ -23,12 +23,14 @@ import two_inputs  # noqa: E402
 pytestmark = pytest.mark.dist
 PROGRAM = os.path.join(HERE, "estimator_models.py")
 SEED = 42  # RunConfig's default seed: the shuffle's, with the epoch
+# Optimizer steps an epoch takes at 2 ranks: TRAIN samples, BATCH a rank and step.
+TRAIN_STEPS_PER_EPOCH = {2: -(-programs.TRAIN // (2 * programs.BATCH))}
 
 
 def train_ranks(model, ranks, out, options=()):
     """Run the program on `ranks` ranks; every rank's arrays and report, and rank 0's start."""
     out.mkdir(exist_ok=True)
-    proc = run_command(launcher("horovodrun", ranks) + [sys.executable, PROGRAM, model,
+    proc = run_command(launcher("ranks", ranks) + [sys.executable, PROGRAM, model,
                                                         str(out), *options],
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -144,7 +146,7 @@ def test_a_sigterm_mid_epoch_exits_75_and_the_resume_ends_as_an_uninterrupted_ru
     out = tmp_path / "stopped"
     out.mkdir()
     run = ["output_dir=" + str(out / "run"), "epochs=3"]
-    proc = run_command(launcher("horovodrun", 2) + [sys.executable, PROGRAM, "regression",
+    proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, "regression",
                                                     str(out), *run, "sigterm_at_step=8"],
                        timeout=JOB_TIMEOUT)
     assert proc.returncode == 75, proc.stdout[-3000:]
@@ -157,3 +159,14 @@ def test_a_sigterm_mid_epoch_exits_75_and_the_resume_ends_as_an_uninterrupted_ru
     whole, _, _, _ = train_ranks("regression", 2, tmp_path / "whole", ["epochs=3"])
     for name, value in whole[0].items():
         np.testing.assert_array_equal(resumed_arrays[0][name], value, err_msg=name)
+
+
+def test_a_handler_of_one_rank_that_ends_training_ends_it_on_every_rank(tmp_path):
+    """An epoch handler of the last rank alone returns True after epoch 1 of 3 (an early
+    stopping rule fed other figures would): every rank ends there, after the same steps,
+    and none waits for the others in a collective."""
+    arrays, reports, _, log = train_ranks("sequence", 2, tmp_path / "run",
+                                          ["epochs=3", "stop_after_epoch=1"])
+    per_epoch = TRAIN_STEPS_PER_EPOCH[2]
+    assert [r["result"]["steps"] for r in reports] == [per_epoch, per_epoch]
+    assert_same_params(arrays[0], arrays[1])

@@ -68,7 +68,7 @@ def test_two_ranks_report_what_a_plain_loop_computes(tmp_path):
                                                     "--output-dir", run], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
     # No --image-size: the size comes from the run's model card (28), as --model does.
-    proc = run_command(launcher("horovodrun") + [tool("hvdtrain")] + [
+    proc = run_command(launcher("ranks") + [tool("hvdtrain")] + [
         "--eval-only", "--init-from", run, "--dataset", "imagefolder", "--data-dir", root,
         "--no-cuda", "--max-bad-samples", "1", "--output-dir", out],
         timeout=300)

@@ -58,7 +58,7 @@ def runs(tmp_path_factory):
     assert scratch.returncode == 0, scratch.stdout[-3000:]
     out = root / "fine"
     out.mkdir()
-    cmd = launcher("horovodrun", 2) + [sys.executable, os.path.join(HERE, "rank_worker.py"),
+    cmd = launcher("ranks", 2) + [sys.executable, os.path.join(HERE, "rank_worker.py"),
                                        str(out)]
     fine = run_command(cmd + FLAGS + FINE + ["--batch-size", "8", "--data-dir", set_b,
                                              "--epochs", EPOCHS_B, "--init-from",
@@ -130,7 +130,7 @@ def test_a_frozen_backbone_stays_bit_for_bit_at_three_ranks(runs, tmp_path):
     them in BatchNorm's backward pass, which a frozen backbone skips.)"""
     root, _, _ = runs
     set_b = str(root / "B")
-    cmd = launcher("horovodrun", 3) + [sys.executable, os.path.join(HERE, "rank_worker.py"),
+    cmd = launcher("ranks", 3) + [sys.executable, os.path.join(HERE, "rank_worker.py"),
                                        str(tmp_path)]
     proc = run_command(cmd + FLAGS + FINE + ["--batch-size", "8", "--data-dir", set_b,
                                              "--epochs", "1", "--init-from",

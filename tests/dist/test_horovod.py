@@ -99,7 +99,7 @@ def bucket_runs(tmp_path_factory):
             watch = ["--horovod-timeline", str(timeline)] \
                 if (option, cap) == ("static", "0.002") else []
             results, params, _ = run_ranks(
-                launcher("horovodrun"), folder,
+                launcher("ranks"), folder,
                 DIGITS + ["--max-steps", "5", "--lr", str(LR), "--model", "simple_cnn",
                           "--seed", str(SEED), "--sampling", "strided",
                           "--grad-bucket-mb", cap] + extra + watch, env=DUMP_START)
@@ -188,7 +188,7 @@ def test_uneven_files_and_float16_gradients_keep_metrics_exact(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     results, params, _ = run_ranks(
-        launcher("horovodrun"), out,
+        launcher("ranks"), out,
         ["--dataset", "cifar10", "--data-dir", str(data_dir), "--model", "mlp", "--no-cuda",
          "--batch-size", "16", "--epochs", "2", "--log-interval", "0", "--fp16-allreduce",
          "--output-dir", str(out / "run")], timeout=JOB_TIMEOUT)

@@ -28,7 +28,7 @@ def run_images(out_dir, flags, ranks=2):
     """image_worker.py under horovodrun; returns (per-rank results, params, sample ids,
     output)."""
     os.makedirs(out_dir, exist_ok=True)
-    cmd = launcher("horovodrun", ranks) + [sys.executable, os.path.join(HERE, "image_worker.py"),
+    cmd = launcher("ranks", ranks) + [sys.executable, os.path.join(HERE, "image_worker.py"),
                                            str(out_dir)] + IMAGE_FLAGS + list(flags)
     proc = run_command(cmd, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:]

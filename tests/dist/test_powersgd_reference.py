@@ -34,7 +34,7 @@ def first_q(name):
 def run(tmp_path, workers, start, error_feedback, fp16=False, clip=None):
     out = tmp_path / f"w{workers}"
     out.mkdir()
-    proc = run_command(launcher("horovodrun", workers) +
+    proc = run_command(launcher("ranks", workers) +
                        [sys.executable, SCRIPT, str(out), str(start),
                         "1" if error_feedback else "0"] + (["fp16"] if fp16 else []) +
                        ([f"clip={clip!r}"] if clip is not None else []),

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.dist
 # 10 x 128). 1437 digits over 2 ranks x batch 64: 12 steps an epoch.
 FLAGS = DIGITS + ["--model", "pool_cnn", "--lr", "0.05", "--compression", "powersgd",
                   "--powersgd-start-step", "3"]
-HVD = launcher("horovodrun")
+HVD = launcher("ranks")
 
 
 def whole_gradient_bytes(params):

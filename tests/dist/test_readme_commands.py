@@ -2,7 +2,8 @@
 
 Lines one machine can run are run for real, with only these stand-ins: CIFAR-10 is a small
 set of generated CIFAR-format files, `runs/...` is a temporary folder, epochs are cut to one
-(two for a resume) and `synthetic` runs stop after 3 steps, a line starting more local ranks
+(two for a resume), `synthetic` runs and runs on image folders and packs stop after 2 or 3
+steps, a line starting more local ranks
 than this 2-core machine has cores starts 2, the hosts `d1`/`d2` are two loopback "hosts"
 behind a private sshd (one slot each instead of 4, where hvdtrain trains the small
 `simple_cnn`), and `mpirun` gets `--allow-run-as-root`. Lines that need a GPU, Docker
@@ -148,6 +149,10 @@ def localize(argv, workspace):
             out[out.index("-H") + 1] = f"localhost:{LOCAL_RANKS}"
     if any(w in ("imagefolder", "recordio") for w in argv) and "--image-size" not in argv:
         out += ["--image-size", "32", "--max-steps", "2"]  # a model-zoo net at 224: minutes
+    elif any(w in ("imagefolder", "recordio") for w in argv) and "--max-steps" not in argv:
+        # A few steps exercise every option of the step; the evaluation, the outputs and
+        # the summary run as after a whole epoch (a recipe line's epoch: 15 steps).
+        out += ["--max-steps", "3"]
     elif "synthetic" in argv and "--image-size" in out:
         out[out.index("--image-size") + 1] = "32"  # the same reason
     return out
@@ -304,20 +309,29 @@ def _launch_and_flags(argv):
 
 
 def repeats(commands):
-    """{command: the earlier command that covers it}: a line with the same launcher
-    invocation and program as an earlier line that runs, whose flags (names and values) are
-    all among that line's, repeats it: running it would exercise nothing new. It is still
-    read by the programs' own parsers (horovodrun's, hvdtrain's)."""
+    """{command: another command that covers it}: a line with the same launcher invocation
+    and program as another line that runs, whose flags (names and values) are all among
+    that line's, repeats it: running it would exercise nothing new. The other line comes
+    earlier, or (for a line that writes nothing: no --output-dir, which a later line could
+    need) anywhere in the documents. A repeat is still read by the programs' own parsers
+    (horovodrun's, hvdtrain's)."""
+    keyed = [(c, _launch_and_flags(c.argv)) for c in commands]
+    keyed = [(c, k) for c, k in keyed if k is not None]
     run, covered = [], {}
-    for command in commands:
-        key = _launch_and_flags(command.argv)
-        if key is None:
-            continue
+    for command, key in keyed:
         earlier = next((c for c, k in run if k[0] == key[0] and key[1] <= k[1]), None)
         if earlier is None:
             run.append((command, key))
         else:
             covered[command] = earlier
+    for command, key in list(run):
+        if "--output-dir" in command.argv:
+            continue
+        later = next((c for c, k in run if c is not command and k[0] == key[0]
+                      and key[1] < k[1] and c not in covered), None)
+        if later is not None:
+            covered[command] = later
+            run.remove((command, key))
     return covered
 
 

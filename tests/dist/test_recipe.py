@@ -72,7 +72,7 @@ def plain_clipped(initial, global_batch, wire=None):
 def test_two_ranks_clip_as_a_plain_loop_on_the_global_batch(tmp_path, extra, global_batch,
                                                             wire, tol):
     flags = CLIPPED + ["--batch-size", "32"] + extra + ["--output-dir", str(tmp_path / "out")]
-    results, params, _ = run_ranks(launcher("horovodrun"), tmp_path, flags,
+    results, params, _ = run_ranks(launcher("ranks"), tmp_path, flags,
                                    env={"HVDTRAIN_DUMP_START": "1"})
     assert [r["steps"] for r in results] == [STEPS, STEPS]
     assert results[0]["grad_buckets"] >= 1  # the exchange went through the zero-copy buckets
@@ -110,12 +110,12 @@ def test_every_option_keeps_the_replicas_identical_and_resumes_exactly(tmp_path)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     whole.mkdir()
     parts.mkdir()
-    _, uninterrupted, _ = run_ranks(launcher("horovodrun"), whole,
+    _, uninterrupted, _ = run_ranks(launcher("ranks"), whole,
                                     EVERYTHING + ["--output-dir", str(whole / "out")])
-    _, stopped, _ = run_ranks(launcher("horovodrun"), parts, EVERYTHING + [
+    _, stopped, _ = run_ranks(launcher("ranks"), parts, EVERYTHING + [
         "--output-dir", str(parts / "out"), "--max-steps", "8"])
     assert_same_params(stopped[0], stopped[1])
-    results, resumed, out = run_ranks(launcher("horovodrun"), parts, EVERYTHING + [
+    results, resumed, out = run_ranks(launcher("ranks"), parts, EVERYTHING + [
         "--output-dir", str(parts / "out"), "--resume", "auto"])
     assert "epoch 1, step 8" in out, out[-3000:]
     for arrays in (uninterrupted, resumed):

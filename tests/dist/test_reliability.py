@@ -354,7 +354,7 @@ def test_a_write_that_fails_while_the_save_vote_reads_it_stops_every_rank_togeth
     collective its peer has left (before: rank 0 started that save alone, raised, and left
     rank 1 in its next allreduce)."""
     program = os.path.join(os.path.dirname(os.path.abspath(__file__)), "racy_write_program.py")
-    proc = run_command(launcher("horovodrun") + [sys.executable, program, *DIGITS,
+    proc = run_command(launcher("ranks") + [sys.executable, program, *DIGITS,
                                                  "--epochs", "1", "--checkpoint-every",
                                                  "1steps", "--output-dir", str(tmp_path)],
                        timeout=JOB_TIMEOUT)

@@ -17,7 +17,7 @@ def saved_arrays(path):
 
 def test_batchnorm_model_is_identical_on_every_rank_and_in_the_saved_files(tmp_path):
     out = tmp_path / "run"
-    results, params, log = run_ranks(launcher("horovodrun"), tmp_path,
+    results, params, log = run_ranks(launcher("ranks"), tmp_path,
                                      BN_FLAGS + ["--epochs", "2", "--output-dir", str(out)],
                                      env={"HVDTRAIN_DUMP_START": "1"})
     stats = [k for k in params[0] if k.endswith(("running_mean", "running_var"))]

@@ -54,7 +54,7 @@ def run_contract(prefix, store, out_dir, ranks):
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_horovod_store_keeps_the_contract(ranks, tmp_path):
-    dumps = run_contract(launcher("horovodrun", ranks), "horovod", tmp_path, ranks)["horovod"]
+    dumps = run_contract(launcher("ranks", ranks), "horovod", tmp_path, ranks)["horovod"]
     for rank, dump in enumerate(dumps):
         check_dump(dump, rank, ranks)
         assert dump["same_key"] == [[100.0] * 4, [float(ranks)] * 4]

@@ -218,3 +218,17 @@ def test_a_run_config_and_keywords_set_the_same_fields():
     estimator = Estimator(net, gluon.loss.L2Loss(), context=mx.cpu(),
                           config=RunConfig(accumulate=3, kvstore="none"), accumulate=4)
     assert estimator.config.accumulate == 4  # the keyword wins
+
+
+def test_a_store_given_must_agree_with_the_wire_the_settings_ask_for():
+    """A program that makes its own store and asks for float16 gradients gets them, or a
+    refusal: a float32 store is not silently kept (TrainConfig(fp16_allreduce=True) and
+    create_store('horovod') once left the wire at float32)."""
+    from hvdtrain import create_store
+    net = make_net()
+    with pytest.raises(ConfigError, match="compression='fp16'"):
+        Estimator(net, gluon.loss.L2Loss(), context=mx.cpu(), fp16_allreduce=True,
+                  store=create_store("horovod"))
+    estimator = Estimator(net, gluon.loss.L2Loss(), context=mx.cpu(), fp16_allreduce=True,
+                          store=create_store("horovod", compression="fp16"))
+    assert estimator.dist.store.compression == "fp16"
