@@ -22,7 +22,7 @@ def test_two_ranks_accumulating_match_one_process_with_the_whole_batch(tmp_path)
     flags = DIGITS + ["--sampling", "strided", "--max-steps", str(STEPS), "--lr", str(LR),
                       "--model", "mlp", "--seed", str(SEED), "--batch-size", "8",
                       "--accumulate", "4"]
-    results, two, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path, flags,
+    results, two, _ = run_ranks(launcher("ranks"), tmp_path, flags,
                                 env={"HVDTRAIN_DUMP_START": "1"})
     assert [r["steps"] for r in results] == [STEPS, STEPS], results
     start = [dict(np.load(tmp_path / f"rank{rank}-start.npz")) for rank in (0, 1)]

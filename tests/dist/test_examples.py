@@ -17,7 +17,7 @@ EXAMPLES = os.path.join(REPO, "examples")
 
 def test_cifar10_resnet18(tmp_path):
     write_cifar_files(str(tmp_path / "cifar"), num_train=200, num_test=40)
-    proc = run_command(launcher("horovodrun-gloo") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, os.path.join(EXAMPLES, "cifar10_resnet18.py"),
         "--data-dir", str(tmp_path / "cifar"), "--epochs", "1", "--max-steps", "2",
         "--batch-size", "16", "--no-cuda", "--output-dir", str(tmp_path / "out")],
@@ -28,7 +28,7 @@ def test_cifar10_resnet18(tmp_path):
 
 
 def test_custom_model_learns_its_own_data():
-    proc = run_command(launcher("horovodrun-gloo") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, os.path.join(EXAMPLES, "custom_model.py"), "--epochs", "20"],
         timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -89,7 +89,7 @@ def test_sweep_mpi_trains_two_independent_runs_on_sub_communicators(tmp_path):
 @pytest.mark.parametrize("which", ["folder", "pack"])
 def test_custom_model_trains_on_a_folder_and_a_pack(digit_images, which):
     folder, pack = digit_images
-    proc = run_command(launcher("horovodrun-gloo") + [
+    proc = run_command(launcher("ranks") + [
         sys.executable, os.path.join(EXAMPLES, "custom_model.py"), "--data-dir",
         folder if which == "folder" else pack, "--epochs", "1", "--max-steps", "3"],
         timeout=JOB_TIMEOUT)

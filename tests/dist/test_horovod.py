@@ -58,7 +58,7 @@ def test_two_workers_match_one_worker_with_twice_the_batch(tmp_path):
                       "--model", "simple_cnn", "--seed", str(SEED)]
     (tmp_path / "two").mkdir()
     (tmp_path / "one").mkdir()
-    _, two, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "two",
+    _, two, _ = run_ranks(launcher("ranks"), tmp_path / "two",
                           flags + ["--batch-size", "16"], env=DUMP_START)
     _, one, _ = run_ranks([], tmp_path / "one", flags + ["--batch-size", "32"],
                           env=DUMP_START)

@@ -47,7 +47,7 @@ def test_dist_sync_matches_horovod(tmp_path):
     (tmp_path / "hvd").mkdir()
     _, ps, _ = run_ranks(ps_launch("-n", "2", "-s", "2"), tmp_path / "ps",
                          flags + ["--kvstore", "dist_sync"])
-    _, hvd, _ = run_ranks(launcher("horovodrun-gloo"), tmp_path / "hvd",
+    _, hvd, _ = run_ranks(launcher("ranks"), tmp_path / "hvd",
                           flags + ["--kvstore", "horovod"])
     assert_same_params(ps[0], hvd[0], tol=1e-5)
     assert_same_params(ps[1], hvd[1], tol=1e-5)

@@ -57,7 +57,7 @@ CASES = {
     # deletion), or rank 1 alone. Each saves and exits 75, as in any run (the driver then
     # ends with its own status, 1); step and time checkpoints are written inside the epochs
     # meanwhile, as in any run.
-    "horovodrun-elastic": ("ranks", signal.SIGTERM, "SIGTERM; 2 of 2 ranks asked", 1,
+    "horovodrun-elastic": ("ranks", signal.SIGTERM, "SIGTERM; [12] of 2 ranks asked", 1,
                            ELASTIC + ["--checkpoint-every", "40steps"]),
     "horovodrun-elastic-time": ("rank 1", signal.SIGUSR1,
                                 "another rank's request; 1 of 2 ranks asked", 1,
@@ -85,7 +85,7 @@ def reference(tmp_path_factory):
         if (backend, model) not in made:
             folder = tmp_path_factory.mktemp(f"reference-{backend}-{model}")
             prefix, extra = (PS_LAUNCH, PS) if backend == "dist_sync" else \
-                (launcher("horovodrun-gloo"), [])
+                (launcher("ranks"), [])
             made[backend, model] = run_ranks(prefix, folder,
                                              FLAGS + extra + ["--model", model])[1]
         return made[backend, model]

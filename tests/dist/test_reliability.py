@@ -29,7 +29,7 @@ FLAGS = DIGITS + ["--model", "simple_cnn", "--lr", "0.05", "--batch-size", "32"]
 
 
 def test_resume_from_two_ranks_to_one(tmp_path):
-    run_ranks(launcher("horovodrun-gloo"), tmp_path,
+    run_ranks(launcher("ranks"), tmp_path,
               FLAGS + ["--epochs", "2", "--output-dir", str(tmp_path)])
     results, _, out = run_ranks([], tmp_path, FLAGS + ["--epochs", "3", "--output-dir",
                                                        str(tmp_path), "--resume", "auto"])

@@ -18,7 +18,7 @@ FLAGS = DIGITS + ["--lr", "0.05", "--batch-size", "64"]
 RESUMABLE = FLAGS + ["--model", "bn_cnn", "--warmup-epochs", "0.5", "--lr-decay-epochs", "2",
                      "--lr-decay-factor", "0.2"]
 THREE_EPOCHS = ["--epochs", "3"]
-HVD = launcher("horovodrun-gloo")
+HVD = launcher("ranks")
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +76,9 @@ def test_resume_from_an_epoch_end_matches_an_uninterrupted_run(uninterrupted, tm
 # resnet18_v1 (the default model) trains three runs of a ResNet-18 on the CPU: minutes.
 @pytest.mark.slow
 def test_mid_epoch_resume_of_the_default_model(tmp_path):
-    """resnet18_v1, hvdtrain's default model: stopped at step 5 and resumed, it ends where
-    an uninterrupted run ends."""
-    flags = FLAGS + ["--model", "resnet18_v1", "--epochs", "2"]
+    """resnet18_v1, hvdtrain's default model: stopped at step 5 of its epoch's 12 and
+    resumed, it ends where an uninterrupted run ends."""
+    flags = FLAGS + ["--model", "resnet18_v1", "--epochs", "1"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     straight.mkdir()
     stopped.mkdir()
