@@ -334,14 +334,15 @@ def test_full_disk_during_a_checkpoint_is_one_line_and_exit_1(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["horovodrun", "horovodrun-gloo"])
+@pytest.mark.parametrize("name", ["ranks", "horovodrun-gloo"])
 def test_full_disk_on_rank_0_never_crashes_the_other_rank(name, tmp_path):
     """The chance failure this replaces: rank 1 died of SIGSEGV in Horovod's enqueue
     (exit 134) when rank 0 left on a full disk while rank 1 was in its next collective.
     Now the ranks agree after rank 0's writes and leave together, so no rank is ever inside
     a collective when its peer goes. Repeated, since the old crash came by chance: four
-    attempts here and one in test_full_disk_during_a_checkpoint_is_one_line_and_exit_1,
-    which `make test` runs too."""
+    attempts here under each of Horovod's controllers (MPI, started by mpirun as horovodrun
+    starts it; Gloo) and one in test_full_disk_during_a_checkpoint_is_one_line_and_exit_1
+    under horovodrun itself, which `make test` runs too."""
     for attempt in range(4):
         with _small_disk(tmp_path / f"disk{attempt}") as disk:
             _full_disk_run(name, disk)
