@@ -35,14 +35,18 @@ def stack(samples):
 
 
 class TwoTowers(gluon.nn.HybridBlock):
+    """A tower for each input, then a layer over both: the rating is a product of the two
+    sides, which no sum of the towers' outputs could make."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.user = gluon.nn.Dense(16, activation="relu")
         self.item = gluon.nn.Dense(16, activation="relu")
+        self.both = gluon.nn.Dense(32, activation="relu")
         self.out = gluon.nn.Dense(1)
 
     def hybrid_forward(self, F, user, item):  # pylint: disable=arguments-differ
-        return self.out(F.concat(self.user(user), self.item(item), dim=1))
+        return self.out(self.both(F.concat(self.user(user), self.item(item), dim=1)))
 
 
 class DictBatches(BatchProcessor):

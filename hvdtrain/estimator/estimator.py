@@ -27,6 +27,7 @@ from typing import Dict, Optional
 from mxnet.gluon.contrib.estimator import estimator as mx_estimator
 from mxnet.gluon.contrib.estimator.utils import _check_metrics
 
+from ..config import ConfigError
 from ..loop.engine.evaluate import evaluate
 from ..loop.engine.metrics import MetricBook, record_name
 from ..loop.engine.precision import Precision
@@ -44,6 +45,7 @@ from ..store.gluon_internals import skip_first_step_broadcast
 from .adapters import AverageMetrics, Handlers, Processor
 from .batch_processor import BatchProcessor
 from .event_handler import evaluate_handlers, fit_handlers
+from .errors import keyword_errors, one_line_errors
 from .feeds import Feeds, split_size
 from .saves import averaged_statistics, save_final, save_model_files, settle_shapes
 from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
@@ -74,19 +76,26 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         What a program that set part of the run up itself hands over (the command).
     """
 
+    @keyword_errors
     def __init__(self, net, loss, train_metrics=None, val_metrics=None, initializer=None,
                  trainer=None, context=None, val_net=None, val_loss=None,
                  batch_processor=None, *, config=None, store=None, setup: Setup = None,
                  **options):
         self.setup = setup or Setup()
-        self.config = run_config(config, options, self.setup.command)
-        # What MXNet's Estimator refuses, refused before a store is made (hvd.init()).
-        self._check_loss(loss)
-        if val_loss is not None:
-            self._check_loss(val_loss)
-        _check_metrics(train_metrics)
-        _check_metrics(val_metrics)
-        self._check_batch_processor(batch_processor)
+        if not self.setup.command:  # the command makes its one lines itself
+            one_line_errors()
+        self.config, self._given = run_config(config, options, self.setup.command)
+        # What MXNet's Estimator refuses (its ValueErrors, as ConfigErrors: one line for an
+        # uncaught one), refused before a store is made (hvd.init()).
+        try:
+            self._check_loss(loss)
+            if val_loss is not None:
+                self._check_loss(val_loss)
+            _check_metrics(train_metrics)
+            _check_metrics(val_metrics)
+            self._check_batch_processor(batch_processor)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         self.dist = self.setup.dist or dist_for(self.config, store)
         self.policy = Precision(getattr(self.config, "dtype", "float32"), self.config.amp)
         super().__init__(net, loss, train_metrics, val_metrics, initializer, trainer,
@@ -142,8 +151,6 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.policy.backward(losses if isinstance(losses, (list, tuple)) else [losses],
                              self.trainer)
 
-    # --- the data ------------------------------------------------------------------------
-
     # --- the handlers --------------------------------------------------------------------
 
     def _prepare_default_handlers(self, val_data, event_handlers):
@@ -176,6 +183,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
 
     # --- fit -----------------------------------------------------------------------------
 
+    @keyword_errors
     def fit(self, train_data, val_data=None, epochs=None, event_handlers=None, batches=None,
             batch_axis=0):
         """Train on `train_data` (a Gluon Dataset or DataLoader) for `epochs` epochs in all
@@ -222,6 +230,15 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         cfg = self.config.replace(
             epochs=epochs or max(1, math.ceil(batches / steps_per_epoch)),
             max_steps=batches if batches else self.config.max_steps)
+        if not self.setup.command:
+            # A DataLoader's own batch size is the one trained with: a batch_size set beside
+            # it would be ignored, so it must agree; the records say the real one.
+            if "batch_size" in self._given and cfg.batch_size != train_feed.batch_size:
+                raise ConfigError(f"batch_size={cfg.batch_size}, but the DataLoader given to "
+                                  f"fit has batch_size={train_feed.batch_size}, the one "
+                                  f"trained with: drop batch_size (it batches a Dataset "
+                                  f"given without a loader)")
+            cfg = cfg.replace(batch_size=train_feed.batch_size)
         return cfg, train_feed
 
     def _fit(self, cfg, train_feed, watchdog, signals) -> None:

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Tuple
 
 from mxnet import gluon
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..data.reshard import ShardedLoader, as_loader
 from ..store.dist import DistContext
 
@@ -36,7 +36,7 @@ class Feeds:
             loader = as_loader(data, config.batch_size, shuffle=train)
             feed = ShardedLoader(loader, parts, part, train, config.seed, config.sampling)
         else:
-            raise ValueError("Estimator only support input as Gluon DataLoader or Dataset. "
+            raise ConfigError("Estimator only support input as Gluon DataLoader or Dataset. "
                              "Alternatively, you can transform your DataIter or any NDArray "
                              "into Gluon DataLoader. Refer to gluon.data.DataLoader")
         self._made[(id(data), train)] = (data, feed)

@@ -9,11 +9,12 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 import mxnet as mx
 
 from ..config import ConfigError, RunConfig
+from ..options import default_of
 from ..report.log import setup_logging
 from ..runtime.lifeline import LauncherWatch, launcher_chain
 from ..runtime.pulse import JobPulse
@@ -75,32 +76,40 @@ class Setup:
     command: bool = False
 
 
-def run_config(config: Optional[RunConfig], options: Dict, command: bool = False) -> RunConfig:
+def run_config(config: Optional[RunConfig], options: Dict,
+               command: bool = False) -> Tuple[RunConfig, Set[str]]:
     """The run's settings: `config` (a RunConfig, or the command's TrainConfig) with
-    `options` (RunConfig's fields by name) on top; an unknown name is refused in one line
-    that lists the known ones. Unless `command` (see :class:`Setup`), a TrainConfig whose
-    own fields (the command's model, data and optimizer) differ from their defaults is
-    refused in one line: the Estimator trains the objects it is given, and would ignore
-    them."""
+    `options` (RunConfig's fields by name) on top, and the names of the fields given (a
+    keyword, or a field of `config` set to anything but its default). An unknown name is
+    refused in one line that lists the known ones. Unless `command` (see :class:`Setup`):
+    ``epochs`` is refused (``fit``'s own argument says how long to train), and so is a
+    TrainConfig whose own fields (the command's model, data and optimizer) differ from their
+    defaults: the Estimator trains the objects it is given, and would ignore them."""
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ConfigError(f"the Estimator takes no option {unknown[0]!r}: its options are "
                           f"RunConfig's fields ({', '.join(sorted(known))})")
+    given = set(options)
+    if config is not None:
+        if not isinstance(config, RunConfig):
+            raise ConfigError(f"config must be an hvdtrain.RunConfig (or TrainConfig), not "
+                              f"{type(config).__name__}")
+        given |= {f.name for f in dataclasses.fields(config)
+                  if getattr(config, f.name) != default_of(f)}
     config = config if config is not None else RunConfig()
-    if not isinstance(config, RunConfig):
-        raise ConfigError(f"config must be an hvdtrain.RunConfig (or TrainConfig), not "
-                          f"{type(config).__name__}")
     if not command:
-        ignored = [f.name for f in dataclasses.fields(config) if f.name not in known
-                   and getattr(config, f.name) != f.default]
+        ignored = sorted(given - known, key=[f.name for f in dataclasses.fields(config)].index)
         if ignored:
             raise ConfigError(
                 f"{type(config).__name__}'s {', '.join(ignored)} (the hvdtrain command's: the "
                 f"model, data and optimizer it builds) would not apply to the net, data and "
                 f"Trainer given to the Estimator: set {'them' if len(ignored) > 1 else 'it'} "
                 f"there, and pass a RunConfig")
-    return dataclasses.replace(config, **options) if options else config
+        if "epochs" in given:
+            raise ConfigError("the Estimator takes no epochs setting: say how long to train "
+                              "in fit(train_data, epochs=N) (or batches=N)")
+    return (dataclasses.replace(config, **options) if options else config), given & known
 
 
 def dist_for(cfg: RunConfig, store=None, comm=None) -> DistContext:

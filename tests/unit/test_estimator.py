@@ -232,3 +232,43 @@ def test_a_store_given_must_agree_with_the_wire_the_settings_ask_for():
     estimator = Estimator(net, gluon.loss.L2Loss(), context=mx.cpu(), fp16_allreduce=True,
                           store=create_store("horovod", compression="fp16"))
     assert estimator.dist.store.compression == "fp16"
+
+
+def test_a_setting_the_estimator_would_ignore_is_refused_and_the_records_say_the_real_one(
+        tmp_path):
+    """A DataLoader's batch size is the one trained with: a batch_size beside it that
+    differs would be ignored (refused), and metrics.jsonl records the loader's, not the
+    default 64; fit's epochs says how long to train (an epochs setting is refused)."""
+    train = gluon.data.ArrayDataset(*data(TRAIN, 1))
+    loader = gluon.data.DataLoader(train, batch_size=BATCH)
+    assert "batch_size=16, but the DataLoader" in refusal(
+        lambda: estimator_for(make_net(), batch_size=16), lambda e: e.fit(loader, epochs=1))
+    assert "fit(train_data, epochs=N)" in refusal(lambda: estimator_for(make_net(), epochs=3))
+    estimator_for(make_net(), output_dir=str(tmp_path)).fit(loader, epochs=1)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["config"]["batch_size"] == BATCH
+    assert all(r["batch_size"] == BATCH for r in records if r["event"] == "epoch")
+
+
+def test_refusals_name_the_estimators_keywords_not_the_commands_flags(tmp_path):
+    """The run folder's refusals are the command's; a program hears them in its keywords."""
+    train = gluon.data.ArrayDataset(*data(TRAIN, 1))
+    message = refusal(lambda: estimator_for(make_net(), resume="auto"),
+                      lambda e: e.fit(train, epochs=1))
+    assert "resume='auto'" in message and "output_dir" in message and "--" not in message
+
+
+def test_an_uncaught_refusal_ends_a_program_with_one_line_and_exit_2(tmp_path):
+    """A program that does not catch the Estimator's refusal (a loss that is not a Gluon
+    loss) ends with one line and exit status 2, as the command does; not a traceback."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    program = tmp_path / "mine.py"
+    program.write_text("import mxnet as mx\nfrom mxnet import gluon\n"
+                       "from hvdtrain.estimator import Estimator\n"
+                       "Estimator(gluon.nn.Dense(1), 'mse', context=mx.cpu(), kvstore='none')\n")
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines == ["mine.py: error: loss must be a Loss, refer to gluon.loss.Loss:mse"], lines
