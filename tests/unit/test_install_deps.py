@@ -40,7 +40,9 @@ def _docker_context_before_the_heavy_step(folder):
 
 # pip byte-compiles every module it installs (MXNet's thousands among them): seconds of a
 # core that tell nothing about the script; the image's and a developer's installs compile.
-NO_COMPILE = {"PIP_NO_COMPILE": "1"}
+# Installs here build with setuptools' own distutils, as a user's do (tests/conftest.py
+# chooses the standard library's for the suite's own processes).
+NO_COMPILE = {"PIP_NO_COMPILE": "1", "SETUPTOOLS_USE_DISTUTILS": "local"}
 
 
 def _python(venv, code, cwd):
@@ -54,9 +56,11 @@ def test_install_deps_from_a_pip_20_venv_as_the_image_does(tmp_path):
         pytest.skip("no cached Horovod wheel (run `make install` first); building one here "
                     "would take too long")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    as_a_user = dict(os.environ, **NO_COMPILE)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300,
+                   env=as_a_user)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pip==20.0.2"],
-                   check=True, timeout=300)
+                   check=True, timeout=300, env=as_a_user)
     old = _python(venv, "import pip; print(pip.__version__)", tmp_path)
     assert old.stdout.strip() == "20.0.2", old.stdout + old.stderr
 
