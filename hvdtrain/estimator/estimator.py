@@ -34,7 +34,6 @@ from ..loop.engine.precision import Precision
 from ..loop.engine.schedule import effective_base_lr
 from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
 from ..loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
-from ..loop.run.boundary import command_flag, keyword
 from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
 from ..loop.run.outputs import build_outputs
 from ..loop.run.together import StoppedTogether
@@ -45,7 +44,7 @@ from ..store.gluon_internals import skip_first_step_broadcast
 from .adapters import AverageMetrics, Handlers, Processor
 from .batch_processor import BatchProcessor
 from .event_handler import evaluate_handlers, fit_handlers
-from .errors import keyword_errors, one_line_errors
+from .errors import in_keywords, keyword_errors, one_line_errors
 from .feeds import Feeds, split_size
 from .saves import averaged_statistics, save_final, save_model_files, settle_shapes
 from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
@@ -205,9 +204,10 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                 raise
             # Every rank stopped at the same point (a stop asked for, its checkpoint saved;
             # or rank 0's failed write): each says its one line, they leave together, and
-            # the process ends with the status a scheduler reads (75: run it again).
+            # the process ends with the status a scheduler reads (75: run it again). The
+            # line names the program's keywords (resume='auto'), not the command's flags.
             if stop.line:
-                error_line(stop.line)
+                error_line(in_keywords(stop.line))
             stop.leave()
             raise SystemExit(stop.status) from None
 
@@ -313,8 +313,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         return RunParts(self.net, self.trainer, self.context, self.dist, cfg, train_feed,
                         self, self.train_book, outputs, state, watchdog, self.policy, signals,
                         self._ema, base_lr=self._base_lr(cfg), prefixes=self.setup.prefixes,
-                        batch_axis=self.batch_axis, describe=describe,
-                        spell=command_flag if self.setup.command else keyword)
+                        batch_axis=self.batch_axis, describe=describe)
 
     def _base_lr(self, cfg) -> Optional[float]:
         """The rate the schedule follows at this world size: the command's, or the

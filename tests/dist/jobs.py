@@ -27,7 +27,8 @@ def launcher(name, np_=2):
     framework's extension in a child process to check its build). The launchers themselves
     are tested by the tests parametrized over LAUNCHERS and by the documented lines."""
     if name == "ranks":  # more ranks than cores too, as horovodrun -H localhost:N allows
-        return launcher("mpirun", np_)[:1] + ["--oversubscribe"] + launcher("mpirun", np_)[1:]
+        mpirun = launcher("mpirun", np_)
+        return mpirun[:1] + ["--oversubscribe"] + mpirun[1:]
     if name == "horovodrun":
         return [tool("horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}"]
     if name == "horovodrun-gloo":

@@ -13,6 +13,7 @@ from mxnet import gluon
 
 from helpers import REPO, main_in_process
 from hvdtrain.cli import parse_config
+from hvdtrain.estimator.errors import in_keywords
 from hvdtrain.loop.run.boundary import Boundary
 from hvdtrain.loop.run.together import Preempted, StoppedTogether
 from hvdtrain.options import interval_of
@@ -196,6 +197,10 @@ def test_a_stop_request_stops_without_a_save_of_its_own():
     assert unsaved == ("hvdtrain: stopped at step 5, 70 samples into epoch 1 (SIGTERM); nothing "
                        "saved (no --output-dir); exit 75: a run again starts over; give "
                        "--output-dir to make a stop resumable"), unsaved
+    # An Estimator program hears the same lines in its keywords (it prints in_keywords(line)).
+    assert in_keywords(line).endswith("exit 75: run it again with resume='auto' to continue")
+    assert "nothing saved (no output_dir)" in in_keywords(unsaved)
+    assert "give output_dir to make" in in_keywords(unsaved)
 
 
 def test_a_failed_background_write_stops_every_rank_with_its_line():

@@ -61,17 +61,6 @@ def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -
     return HostCopy(arrays, optimizer_states_later(trainer) if with_states else None)
 
 
-def command_flag(name: str, value: Optional[str] = None) -> str:
-    """A setting as the ``hvdtrain`` command spells it: ``--resume auto``."""
-    flag = "--" + name.replace("_", "-")
-    return flag if value is None else f"{flag} {value}"
-
-
-def keyword(name: str, value: Optional[str] = None) -> str:
-    """A setting as a program spells it to the Estimator: ``resume='auto'``."""
-    return name if value is None else f"{name}={value!r}"
-
-
 class Boundary:
     """The decisions of every step boundary of one run.
 
@@ -94,10 +83,6 @@ class Boundary:
     before_save : callable or None
         ``before_save(state)`` on every rank before a checkpoint inside an epoch (an
         elastic run's commit to memory: its saves are written before training goes on).
-    spell : callable
-        ``spell(name, value)``: how the stop's line tells the user to set a setting, in
-        the terms of the program they run (the command's ``--resume auto``, an
-        Estimator's ``resume='auto'``).
 
     Attributes
     ----------
@@ -110,10 +95,8 @@ class Boundary:
 
     def __init__(self, net, trainer, dist: DistContext, checkpointer, every, signals=None,
                  guard=None, clock: Callable[[], float] = time.monotonic, ema=None,
-                 before_save: Optional[Callable] = None,
-                 spell: Callable[[str, Optional[str]], str] = command_flag):
+                 before_save: Optional[Callable] = None):
         self.net, self.trainer, self.dist = net, trainer, dist
-        self.spell = spell
         self.before_save = before_save
         self.checkpointer = checkpointer
         self.kind, self.amount = interval_of(every)
@@ -215,13 +198,12 @@ class Boundary:
         if self.dist.is_root:
             where = (f"{samples_in_epoch} samples into epoch {state.epoch + 1}"
                      if samples_in_epoch else f"after epoch {state.epoch}")
-            output_dir = self.spell("output_dir", None)
             if path:
                 outcome = (f"checkpoint saved: {path}; exit {Preempted.status}: run it again "
-                           f"with {self.spell('resume', 'auto')} to continue")
+                           f"with --resume auto to continue")
             else:  # --resume auto needs --output-dir: there is nothing to continue from
-                outcome = (f"nothing saved (no {output_dir}); exit {Preempted.status}: a run "
-                           f"again starts over; give {output_dir} to make a stop resumable")
+                outcome = (f"nothing saved (no --output-dir); exit {Preempted.status}: a run "
+                           f"again starts over; give --output-dir to make a stop resumable")
             line = f"hvdtrain: stopped at step {state.step}, {where} ({self.why()}); {outcome}"
         return Preempted(line, lambda: leave_together(self.dist))
 

@@ -26,7 +26,7 @@ from ..engine.metrics import MetricBook, record_name
 from ..engine.replicas import average_running_stats
 from ..engine.schedule import lr_at
 from ..recipe.parts import Recipe, log_suffix
-from .boundary import Boundary, command_flag
+from .boundary import Boundary
 from .decisions import after_steps
 from .outputs import Outputs, checkpoint, count_skipped, finish_writing, write_epoch
 from .together import write_together
@@ -97,9 +97,6 @@ class RunParts:
     prefixes: Tuple[str, str] = ("train", "val")  # the record's names of the two splits
     batch_axis: int = 0
     describe: str = "the model"  # who trains on what, for the first log line
-    # How a line tells the user to set a setting: the command's flags (--resume auto) or
-    # the Estimator's keywords (loop/run/boundary.py).
-    spell: Callable[[str, Optional[str]], str] = command_flag
 
 
 def fit(run: RunParts) -> dict:
@@ -149,8 +146,7 @@ def fit(run: RunParts) -> dict:
     boundary = Boundary(
         run.net, run.trainer, dist, outputs.checkpointer, cfg.checkpoint_every, run.signals,
         loop.guard, ema=recipe.ema,
-        before_save=None if run.commit is None else lambda now: run.commit(now, "before save"),
-        spell=run.spell)
+        before_save=None if run.commit is None else lambda now: run.commit(now, "before save"))
     loop.boundary = boundary
     worker_batch = feed.batch_size
     logger.info("training %s: %d worker(s) x %d device(s) x batch %d%s = global batch %d, "
