@@ -5,15 +5,26 @@ second run into the same folder is refused instead of deleting the first one's t
 checkpoint and mixing its lines into ``metrics.jsonl``. The kernel drops the lock when the
 process ends, however it ends (``kill -9`` included), so a crash never leaves it stuck.
 :class:`~hvdtrain.state.run_dir.RunDir` probes it at decide and takes it at claim.
+
+Every rank of a launch probes the folder at about the same moment, and rank 0 takes the
+lock meanwhile: a probe takes a shared lock for an instant (probes never block each other),
+and a lock found busy is looked at again for up to :data:`SETTLE_S` before it counts as
+another run's. A run holds it for its life; a probe, or a rank 0 that has taken it but not
+yet written its line, for microseconds. (Probing with the exclusive lock once made a resume
+refuse itself by chance: one rank's probe was another's "holder", and the file still named
+the run before.)
 """
 from __future__ import annotations
 
 import fcntl
 import os
 import socket
+import time
 from typing import Optional
 
 LOCK_FILE = ".hvdtrain.lock"
+SETTLE_S = 2.0  # how long a busy lock is looked at again before it counts as held
+_POLL_S = 0.05
 
 
 def elastic_job(environ=os.environ) -> Optional[str]:
@@ -58,14 +69,20 @@ class OutputLock:
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._file = None
 
-    def acquire(self) -> bool:
-        """Take the lock; False if another process holds it."""
+    def acquire(self, settle: float = SETTLE_S) -> bool:
+        """Take the lock; False if another process still holds it after `settle` seconds
+        (another rank's probe holds it for an instant)."""
         handle = open(self.path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            return False
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    handle.close()
+                    return False
+                time.sleep(_POLL_S)
         handle.seek(0)
         handle.truncate()
         job = f" (elastic job {self.job})" if self.job else \
@@ -75,25 +92,34 @@ class OutputLock:
         self._file = handle
         return True
 
-    def held_by_another(self) -> Optional[str]:
-        """Who holds the lock now, if another process of another job does; the file is
-        left as it is."""
+    def held_by_another(self, settle: float = SETTLE_S) -> Optional[str]:
+        """Who holds the lock, if a process of another job or launch still does after
+        `settle` seconds (see the module); the file is left as it is."""
         try:
             probe = open(self.path, encoding="utf-8")  # pylint: disable=consider-using-with
         except OSError:
             return None
+        deadline = time.monotonic() + settle
         with probe:
-            try:
-                fcntl.flock(probe.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = self.holder()
-                if self.job and holder.endswith(f"(elastic job {self.job})"):
-                    return None  # this elastic job's own rank 0
-                if self.launch and holder.endswith(f"(launch {self.launch})"):
-                    return None  # this launch's own rank 0, which got here first
-                return holder
-            fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
-        return None
+            while True:
+                try:
+                    fcntl.flock(probe.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = self.holder()
+                    if self._ours(holder):
+                        return None
+                    if time.monotonic() >= deadline:
+                        return holder
+                    time.sleep(_POLL_S)
+                    continue
+                fcntl.flock(probe.fileno(), fcntl.LOCK_UN)
+                return None
+
+    def _ours(self, holder: str) -> bool:
+        """Whether `holder` (its line) is this elastic job's or this launch's rank 0, which
+        got here first."""
+        return bool(self.job and holder.endswith(f"(elastic job {self.job})")
+                    or self.launch and holder.endswith(f"(launch {self.launch})"))
 
     def holder(self) -> str:
         """Who holds the lock, as its holder wrote it."""

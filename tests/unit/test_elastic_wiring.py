@@ -4,7 +4,9 @@ the claim after a reset that renumbered rank 0, and when the loop commits.
 The job itself, under Horovod's elastic driver on two loopback hosts, is in
 ``tests/dist/test_elastic.py``.
 """
+import fcntl
 import os
+import threading
 import types
 
 import pytest
@@ -82,9 +84,10 @@ def test_a_worker_joining_its_own_elastic_job_is_not_refused_the_folder(tmp_path
     assert holder.acquire()
     try:
         assert OutputLock(str(tmp_path), job="10.0.0.1:4242").held_by_another() is None
-        other = OutputLock(str(tmp_path), job="10.0.0.1:9999").held_by_another()
+        # settle=0: the holder here is no instant (lock.SETTLE_S).
+        other = OutputLock(str(tmp_path), job="10.0.0.1:9999").held_by_another(settle=0)
         assert other and other.endswith("(elastic job 10.0.0.1:4242)")
-        assert OutputLock(str(tmp_path)).held_by_another() == other
+        assert OutputLock(str(tmp_path)).held_by_another(settle=0) == other
     finally:
         holder.release()
 
@@ -114,12 +117,13 @@ def test_a_reset_that_renumbers_rank_0_moves_the_lock(tmp_path, monkeypatch):
     first, second = RunDir.decide(cfg), RunDir.decide(cfg)
     old_root = Layout(0)
     first.claim(old_root, elastic=True)
-    assert OutputLock(str(tmp_path)).held_by_another().endswith("(elastic job 10.0.0.1:4242)")
+    assert OutputLock(str(tmp_path)).held_by_another(settle=0).endswith(
+        "(elastic job 10.0.0.1:4242)")
     assert old_root.collectives == [("run_dir_agreement", [0.0])]
     first.claim(Layout(1), elastic=True)  # renumbered: lets go
     assert OutputLock(str(tmp_path)).held_by_another() is None
     second.claim(Layout(0), elastic=True)  # the new rank 0
-    assert OutputLock(str(tmp_path)).held_by_another()
+    assert OutputLock(str(tmp_path)).held_by_another(settle=0)
     second.claim(Layout(0), elastic=True)  # claiming again while holding it: no refusal
     second.release()
     assert OutputLock(str(tmp_path)).held_by_another() is None
@@ -217,6 +221,46 @@ def test_a_late_rank_is_not_refused_the_folder_its_own_rank_0_already_locked(tmp
             RunDir.decide(cfg)  # a rank of another launch
     finally:
         holder.release()
+
+
+def test_ranks_probing_the_folder_at_once_never_take_each_other_for_its_holder(tmp_path,
+                                                                              monkeypatch):
+    """A resume's ranks probe the folder at the same moment, while the lock file still names
+    the run before (another launch). One rank's probe, or rank 0 that has just taken the
+    lock and not yet written its line, holds it for an instant: not another run. (Probes
+    took the exclusive lock: a resume under mpirun refused itself by chance, "--output-dir
+    ... is in use by another run (pid N ...)", naming the stopped run it was resuming.)"""
+    for name in ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT",
+                 "HOROVOD_ELASTIC", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_MCA_orte_hnp_uri", "83492864.0;tcp://192.0.2.2:53797")
+    path = tmp_path / ".hvdtrain.lock"
+    path.write_text("pid 1 on vm (launch mpirun 1.0;tcp://192.0.2.2:1)\n")  # the run before
+    this_launch = OutputLock(str(tmp_path), launch=launch_of())
+
+    def held_for_an_instant(kind):
+        momentary = open(path, encoding="utf-8")  # pylint: disable=consider-using-with
+        fcntl.flock(momentary.fileno(), kind | fcntl.LOCK_NB)
+        release = threading.Timer(0.3, momentary.close)
+        release.start()
+        return release
+
+    probe = held_for_an_instant(fcntl.LOCK_SH)  # another rank's probe, at the same moment
+    assert this_launch.held_by_another() is None
+    probe.join()
+    rank_0 = held_for_an_instant(fcntl.LOCK_EX)  # rank 0, its line not yet written
+    assert this_launch.held_by_another() is None
+    rank_0.join()
+    held_for_an_instant(fcntl.LOCK_SH)  # a late rank's probe as rank 0 takes the lock
+    assert this_launch.acquire()
+    this_launch.release()
+    # A run of another launch that holds the lock is still refused.
+    with open(path, "a+", encoding="utf-8") as other_run:
+        fcntl.flock(other_run.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        other_run.write("pid 1 on vm (launch mpirun 1.0;tcp://192.0.2.2:1)\n")
+        other_run.flush()
+        assert this_launch.held_by_another(settle=0.2).startswith("pid 1 on vm")
+        assert not this_launch.acquire(settle=0.2)
 
 
 def _elastic_fit_in_process(tmp_path, flags, signals=None):
