@@ -76,6 +76,17 @@ def job_report(lines=TAIL_LINES):
     return "\n".join(blocks)
 
 
+# How the suite starts a job: in a process group of its own (killed as one) but in the
+# suite's session. With the kernel's autogroup scheduling (`sched_autogroup_enabled`, on by
+# default in many kernels and on this VM) every session is a scheduling group of its own,
+# with an equal share of the CPU whatever its threads' nice values: a waiting job's
+# spinning thread, lowered to nice 19 (jobs.lower_priority_of_busy_threads), still took its
+# session's share from the tests beside it (docs/development.md, "Jobs that mostly wait run
+# beside the others"). No terminal input: a background process group that reads the
+# terminal is stopped, and mpirun reads its standard input.
+JOB_PROCESS_GROUP = {"process_group": 0, "stdin": subprocess.DEVNULL}
+
+
 class StartedCommand:
     """A command running in its own process group, its output going to a temporary file
     (a pipe nobody reads would block a chatty job that runs beside others)."""
@@ -88,7 +99,7 @@ class StartedCommand:
         self._output = tempfile.TemporaryFile(mode="w+", errors="replace")
         self.proc = subprocess.Popen(cmd, stdout=self._output, stderr=subprocess.STDOUT,
                                      text=True, env=full_env, cwd=cwd or REPO,
-                                     start_new_session=True)
+                                     **JOB_PROCESS_GROUP)
 
     def finish(self, timeout):
         """Wait up to `timeout` s (then kill the group and fail); the CompletedProcess.

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import assert_arrays_close, record_job, run_command, tool
+from helpers import JOB_PROCESS_GROUP, assert_arrays_close, record_job, run_command, tool
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB_TIMEOUT = 240
@@ -196,17 +196,19 @@ def lower_priority_of_busy_threads_soon(tag):
 
 
 def role_pids(tag, role):
-    """Tagged pids whose environment has DMLC_ROLE=`role` (the role's own process)."""
-    out = []
+    """Tagged pids whose environment has DMLC_ROLE=`role` (the role's own process: not the ssh
+    relay, and not a child a worker starts, which inherits its environment for a moment)."""
+    found = {}
     for pid in tagged_pids(tag):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if f"DMLC_ROLE={role}".encode() in env and b"remote.py" not in cmd:
-            out.append(pid)
-    return out
+            found[pid] = ppid
+    return [pid for pid, ppid in found.items() if ppid not in found]
 
 
 def rank_pids(tag, program="hvdtrain"):
@@ -240,7 +242,7 @@ def tagged_launch(cmd, tag, record=True):
     log = tempfile.NamedTemporaryFile(prefix="hvdtrain-job-", suffix=".log", delete=False)
     with log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                **JOB_PROCESS_GROUP)
     proc.log_path = log.name
     proc.cmd = cmd
     if record:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import BIN, REPO, record_job
+from helpers import BIN, JOB_PROCESS_GROUP, REPO, record_job
 from jobs import DIGITS, launcher, lower_priority_of_busy_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +32,7 @@ def session_folder(tmp_path_factory):
 
 
 class SharedJob:
-    """A command started in its own session by one test process, which any test process of
+    """A command started in its own process group by one test process, which any test process of
     the same pytest session can wait for: its output, pid and exit status are files in
     `folder`."""
 
@@ -52,7 +52,7 @@ class SharedJob:
                    *self.cmd]
         with open(self.log, "w") as out:
             proc = subprocess.Popen(wrapped, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    cwd=REPO, start_new_session=True)
+                                    cwd=REPO, **JOB_PROCESS_GROUP)
         with open(os.path.join(self.folder, "pid"), "w") as pid:
             pid.write(str(proc.pid))
         self._proc = proc  # reaped by this process's kill() or when it exits

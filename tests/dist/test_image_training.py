@@ -66,14 +66,15 @@ def metrics(out_dir):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """2 ranks on the pack of all 1797 digits (1438 to train on) for 14 epochs, and on the
+    """2 ranks on the pack of all 1797 digits (1438 to train on) for 10 epochs (test accuracy
+    0.939 here, 2026-12-05; 0.950 after 14, 0.922 after 9), and on the
     folder it was made from for the first 2 of them, one data worker (so ids are in order).
     The pack holds the folder's files byte for byte (tests/unit/test_images.py's
     test_pack_holds_the_folder_as_mxnet_reads_it), so a folder read in the same order trains
     the same net: two epochs show the order; the accuracy is the pack's."""
     folder, pack = image_sets(str(tmp_path_factory.mktemp("digits")))
     out = {}
-    for kind, root, epochs in (("imagefolder", folder, "2"), ("recordio", pack, "14")):
+    for kind, root, epochs in (("imagefolder", folder, "2"), ("recordio", pack, "10")):
         out_dir = str(tmp_path_factory.mktemp(kind))
         out[kind] = run_images(out_dir, ["--dataset", kind, "--data-dir", root, "--epochs",
                                          epochs, "--data-workers", "1", "--batch-size", "16",
@@ -94,7 +95,7 @@ def test_two_ranks_learn_the_pack_and_read_its_folder_in_the_same_order(trained)
     for rank in range(2):
         folder_ids, pack_ids = (per_epoch(trained[k][2][rank], 1)
                                 for k in ("imagefolder", "recordio"))
-        assert len(folder_ids) == 2 and len(pack_ids) == 14
+        assert len(folder_ids) == 2 and len(pack_ids) == 10
         assert folder_ids == {epoch: pack_ids[epoch] for epoch in (0, 1)}
         assert pack_ids[0] != pack_ids[1]  # shuffled anew each epoch
 
@@ -123,7 +124,7 @@ def pack_runs(digit_images, tmp_path_factory):
 
 def test_every_sample_once_per_epoch_on_2_and_3_ranks(trained, pack_runs):
     _, _, ids, _ = trained["recordio"]
-    assert_each_sample_once(ids, 1438, 359, epochs=14)
+    assert_each_sample_once(ids, 1438, 359, epochs=10)
     _, _, ids3, _ = pack_runs[3]
     assert_each_sample_once(ids3, 480, 120, epochs=2)
 

@@ -3,7 +3,7 @@
 Lines one machine can run are run for real, with only these stand-ins: CIFAR-10 is a small
 set of generated CIFAR-format files, `runs/...` is a temporary folder, epochs are cut to one
 (two for a resume), `synthetic` runs and runs on image folders and packs stop after 2 or 3
-steps, a line starting more local ranks
+steps, ResNet-50 trains as ResNet-18, a line starting more local ranks
 than this 2-core machine has cores starts 2, the hosts `d1`/`d2` are two loopback "hosts"
 behind a private sshd (one slot each instead of 4, where hvdtrain trains the small
 `simple_cnn`), and `mpirun` gets `--allow-run-as-root`. Lines that need a GPU, Docker
@@ -24,6 +24,7 @@ from hvdtrain.cli import parse_config
 from hvdtrain.data.datasets import write_cifar_files
 from hvdtrain.launch.launcher import parse_args as parse_launch_args
 from hvdtrain.launch.command import command_argv
+from hvdtrain.models import check_model_name
 from hvdtrain.check.preflight import build_parser as preflight_parser
 from jobs import JOB_TIMEOUT
 from loopback_hosts import SSH_OPTIONS, loopback_hosts
@@ -42,6 +43,11 @@ FAR_HOSTS = ("d1", "d2")
 FAR_SLOTS = 1
 # Local ranks a line starts at most: one a core.
 LOCAL_RANKS = 2
+# A deep zoo net trained here as a shallower one of its family: the same code path (a zoo
+# ResNet from its name, --last-gamma's blocks) at a third of the cost (README.md's ResNet-50
+# lines took 24 s each in the suite, 2026-12-05). ResNet-50 itself is built, exported and
+# compared with onnxruntime in tests/unit/test_export.py.
+DEEP_MODELS = {"resnet50_v1": "resnet18_v1"}
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +147,10 @@ def localize(argv, workspace):
                 word = str(workspace / stand_in) + word[len(path):]
                 ensure_images(workspace)
         out.append(str(workspace / word) if word.startswith("runs/") else word)
+    if "--model" in out and out[out.index("--model") + 1] in DEEP_MODELS \
+            and "--pretrained" not in out:
+        check_model_name(out[out.index("--model") + 1])  # the name as written is one
+        out[out.index("--model") + 1] = DEEP_MODELS[out[out.index("--model") + 1]]
     if out[0] in ("horovodrun", "mpirun") and "-np" in out and not is_far(out) \
             and int(out[out.index("-np") + 1]) > LOCAL_RANKS:
         # `-np 4 -H localhost:4` on 2 cores: four start-ups of the same program, no more.
