@@ -99,8 +99,13 @@ class TwinStore(HorovodKVStore):
 
 
 def dense_net():
+    """Two Dense layers named inside the net's scope (``...dense0_``, ``...dense1_``), so that
+    Gluon's sort by name keeps them in this order in every net: with global names
+    (``dense9_``, ``dense10_``) two nets made at different points of a test process can sort
+    their layers apart, and a saved error went to the other layer's position."""
     net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(32, in_units=40), gluon.nn.Dense(10, in_units=32))
+    with net.name_scope():
+        net.add(gluon.nn.Dense(32, in_units=40), gluon.nn.Dense(10, in_units=32))
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
     return net
 
