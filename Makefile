@@ -19,7 +19,9 @@ demo: install
 	$(PY) scripts/check-accuracy.py $(DEMO_DIR)/metrics.jsonl 0.95
 
 # The whole suite, as CI runs it; the slowest tests are listed at the end. Tests marked
-# `alone` (elastic jobs, whose recovery depends on a 10 s timeout) run after the others.
+# `alone` (elastic jobs, whose recovery depends on Gloo's timeout) run after the others,
+# test by test in two processes (--dist load): they mostly wait, and beside the rest of the
+# suite a joining worker once missed the timeout.
 # The others run in two test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
 # file whole in one of them, long files first (--dist loadfile --no-loadscope-reorder,
 # tests/conftest.py), so a module fixture's job starts once and the documented lines of
@@ -34,13 +36,13 @@ COMPILE := $(PY) -m compileall -q hvdtrain tests scripts examples > /dev/null
 test: install
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not alone" tests
-	$(PYTEST) --durations=5 -m alone tests
+	$(PYTEST) --durations=5 -n $(TEST_WORKERS) --dist load -m alone tests
 
 # While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
 test-fast: install
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not slow and not alone" tests
-	$(PYTEST) --durations=5 -m "alone and not slow" tests
+	$(PYTEST) --durations=5 -n $(TEST_WORKERS) --dist load -m "alone and not slow" tests
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit
