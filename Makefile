@@ -22,12 +22,14 @@ demo: install
 # `alone` (elastic jobs, whose recovery depends on Gloo's timeout) run after the others,
 # test by test in two processes (--dist load): they mostly wait, and beside the rest of the
 # suite a joining worker once missed the timeout.
-# The others run in two test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
+# The others run in three test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
 # file whole in one of them, long files first (--dist loadfile --no-loadscope-reorder,
 # tests/conftest.py), so a module fixture's job starts once and the documented lines of
-# test_readme_commands.py run in order. Two cores are then busy instead of one and a half:
-# 20.0 minutes instead of 26.8 for that part (docs/development.md).
-TEST_WORKERS ?= 2
+# test_readme_commands.py run in order. On 2 cores, two processes left a core's worth of
+# waits (a test waiting for a timeout, a job over ssh) to the other; a third fills them:
+# 13:57 instead of 14:31 for that part (docs/development.md).
+TEST_WORKERS ?= 3
+ALONE_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -ra
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The suite starts about a thousand Python processes; with PYTHONDONTWRITEBYTECODE set (as
@@ -36,13 +38,13 @@ COMPILE := $(PY) -m compileall -q hvdtrain tests scripts examples > /dev/null
 test: install
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not alone" tests
-	$(PYTEST) --durations=5 -n $(TEST_WORKERS) --dist load -m alone tests
+	$(PYTEST) --durations=5 -n $(ALONE_WORKERS) --dist load -m alone tests
 
 # While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
 test-fast: install
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not slow and not alone" tests
-	$(PYTEST) --durations=5 -n $(TEST_WORKERS) --dist load -m "alone and not slow" tests
+	$(PYTEST) --durations=5 -n $(ALONE_WORKERS) --dist load -m "alone and not slow" tests
 
 test-unit: install
 	$(PY) -m pytest -q -ra tests/unit

@@ -22,8 +22,8 @@ def pytest_collection_modifyitems(items):
     multi-process test and pause for minutes (tests/dist/conftest.py), so by the end they
     have finished while the other tests ran.
 
-    Under two test processes (``make test``'s default: each file whole in one of them,
-    in this order, ``--no-loadscope-reorder``): before it, files holding a test marked
+    Under several test processes (``make test`` starts three: each file whole in one of
+    them, in this order, ``--no-loadscope-reorder``): before it, files holding a test marked
     `slow` first, then the other multi-process files, then the unit files, so the long files
     start early and the many short unit files fill the end, instead of one process finishing
     a long file alone. In one process the order is otherwise pytest's own."""

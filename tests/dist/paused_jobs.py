@@ -22,6 +22,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GLOO_AND_MPI = ["horovodrun", "horovodrun-gloo"]
 PAUSE_S, SLOW_CHECKPOINT_S = 200, 150
 FINISH_TIMEOUT = 900  # from the jobs' start: a pause of 200 s and start-ups on a busy machine
+# Horovod's background threads exchange once a cycle (1 ms by default) while rank 0 pauses.
+# Under Gloo that costs CPU: beside two busy loops (2026-12-06, the 2-core VM) the four
+# such threads of a paused Gloo job used 22% of a core (0.55 s in 10 s each, much of it
+# system time; nice 19 left them at 0.48 s), 44 s of CPU over the 200 s pause, nothing
+# under MPI. With a 20 ms cycle they used less than 0.05 s in 10 s. What these jobs show
+# (a pause is only slow) does not depend on how often the idle exchange runs.
+JOB_ENV = {"HOROVOD_CYCLE_TIME": "20"}
 
 
 def session_folder(tmp_path_factory):
@@ -47,7 +54,7 @@ class SharedJob:
         """Start the command (the shell that wraps it writes its exit status when it ends)."""
         os.makedirs(self.folder, exist_ok=True)
         env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
-                   HVDTRAIN_TEST_TAG=self.tag)
+                   HVDTRAIN_TEST_TAG=self.tag, **JOB_ENV)
         wrapped = ["sh", "-c", '"$@"; echo $? > "$0.part" && mv "$0.part" "$0"', self.status,
                    *self.cmd]
         with open(self.log, "w") as out:
