@@ -25,8 +25,8 @@ demo: install
 # The others run in three test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
 # file whole in one of them, long files first (--dist loadfile --no-loadscope-reorder,
 # tests/conftest.py), so a module fixture's job starts once and the documented lines of
-# test_readme_commands.py run in order. On 2 cores, two processes left a core's worth of
-# waits (a test waiting for a timeout, a job over ssh) to the other; a third fills them:
+# test_readme_commands.py run in order. While a test waits (for a timeout, or for ranks it
+# started over ssh) its process uses no CPU; a third process uses the core meanwhile:
 # 13:57 instead of 14:31 for that part (docs/development.md).
 TEST_WORKERS ?= 3
 ALONE_WORKERS ?= 2
