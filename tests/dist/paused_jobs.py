@@ -41,10 +41,11 @@ def session_folder(tmp_path_factory):
 class SharedJob:
     """A command started in its own process group by one test process, which any test process of
     the same pytest session can wait for: its output, pid and exit status are files in
-    `folder`."""
+    `folder`. `env`: variables set for it on top of the test process's own."""
 
-    def __init__(self, folder, cmd):
+    def __init__(self, folder, cmd, env=None):
         self.folder, self.cmd = str(folder), list(map(str, cmd))
+        self.env = dict(env or {})
         self.tag = "shared-job-" + os.path.basename(self.folder)  # in its processes' environment
         self.log = os.path.join(self.folder, "output.log")
         self.status = os.path.join(self.folder, "status")
@@ -54,7 +55,7 @@ class SharedJob:
         """Start the command (the shell that wraps it writes its exit status when it ends)."""
         os.makedirs(self.folder, exist_ok=True)
         env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
-                   HVDTRAIN_TEST_TAG=self.tag, **JOB_ENV)
+                   HVDTRAIN_TEST_TAG=self.tag, **self.env)
         wrapped = ["sh", "-c", '"$@"; echo $? > "$0.part" && mv "$0.part" "$0"', self.status,
                    *self.cmd]
         with open(self.log, "w") as out:
@@ -140,7 +141,8 @@ class PausedJobs:
         os.makedirs(self.folder, exist_ok=True)
         record = os.path.join(self.folder, "started.json")
         for key, (cmd, run_root) in _job_commands(self.folder).items():
-            self.jobs[key] = (SharedJob(os.path.join(self.folder, "-".join(key)), cmd), run_root)
+            self.jobs[key] = (SharedJob(os.path.join(self.folder, "-".join(key)), cmd, JOB_ENV),
+                              run_root)
         with open(os.path.join(self.folder, "lock"), "w") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # one starter per session
             if not os.path.exists(record):
