@@ -16,9 +16,49 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
 
+def _write_horovodrun():
+    """Write the suite's ``horovodrun`` (horovodrun_once.py: Horovod's, its build check asked
+    once) into a folder of its own for this Python; return the folder."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    folder = os.path.join(tempfile.gettempdir(), "hvdtrain-test-bin-" + hashlib.sha1(
+        (sys.executable + here).encode()).hexdigest()[:12])
+    script = (f"#!{sys.executable}\n"
+              "# Written by tests/helpers.py: horovodrun for the test suite.\n"
+              "import sys\n"
+              f"sys.path.insert(0, {here!r})\n"
+              "from horovodrun_once import main\n"
+              "if __name__ == '__main__':\n"
+              f"    sys.exit(main({os.path.join(folder, 'build-answers.json')!r}))\n")
+    path = os.path.join(folder, "horovodrun")
+    try:
+        with open(path) as src:
+            if src.read() == script:
+                return folder
+    except OSError:
+        pass
+    os.makedirs(folder, exist_ok=True)
+    with open(f"{path}.{os.getpid()}", "w") as out:
+        out.write(script)
+    os.chmod(out.name, 0o755)
+    os.replace(out.name, path)  # several test processes write the same: each write is whole
+    return folder
+
+
+# Before BIN on the PATH of every command the tests start, and what tool("horovodrun") is.
+SUITE_BIN = _write_horovodrun()
+
+
 def tool(name):
-    """Path of a console script installed beside this Python (horovodrun, hvdtrain)."""
-    return os.path.join(BIN, name)
+    """Path of a console script installed beside this Python (hvdtrain, hvdtrain-launch), or
+    of the suite's horovodrun (tests/horovodrun_once.py)."""
+    return os.path.join(SUITE_BIN if name == "horovodrun" else BIN, name)
+
+
+def job_path(path=None):
+    """`path` (default: this process's PATH) with the suite's horovodrun and this Python's
+    console scripts first."""
+    path = os.environ.get("PATH", "") if path is None else path
+    return os.pathsep.join([SUITE_BIN, BIN, path])
 
 
 # The commands the running test started and their output (or the file it goes to): when the
@@ -94,7 +134,7 @@ class StartedCommand:
     def __init__(self, cmd, env=None, cwd=None):
         full_env = dict(os.environ)
         full_env.update(env or {})
-        full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
+        full_env["PATH"] = job_path(full_env.get("PATH", ""))
         self.cmd = cmd
         self._output = tempfile.TemporaryFile(mode="w+", errors="replace")
         self.proc = subprocess.Popen(cmd, stdout=self._output, stderr=subprocess.STDOUT,

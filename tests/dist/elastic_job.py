@@ -31,10 +31,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from elastic_spike import DRIVER_LOG, command_line, write_hosts  # noqa: E402
+from helpers import job_path, tool  # noqa: E402
 from loopback_hosts import loopback_hosts  # noqa: E402
 
-BIN = os.path.dirname(sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOTH = ["127.0.0.2:2", "127.0.0.3:2"]
 EPOCH_LINE = re.compile(r"\] INFO epoch (\d+)/\d+ ")
@@ -96,8 +97,8 @@ def run(args, folder):
         elif args.program == "estimator":
             program = [sys.executable, os.path.join(HERE, "estimator_elastic.py")]
         else:
-            program = [os.path.join(BIN, "hvdtrain")]
-        command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", "4"] + launch + [
+            program = [tool("hvdtrain")]
+        command = [tool("horovodrun"), "--gloo", "-np", "4"] + launch + [
                    "--network-interface", "lo", *DRIVER_LOG, "-p", str(hosts.port),
                    "-i", hosts.key] + \
             program + ["--dataset", "digits", "--no-cuda"] + \
@@ -106,7 +107,7 @@ def run(args, folder):
                    "--lr", "0.05", "--log-interval", "1", "--no-progress",
                    "--output-dir", output,
                    "--resume", "auto", "--data-workers", "0"] + args.extra
-        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
+        env = dict(os.environ, PATH=job_path(),
                    HOROVOD_GLOO_TIMEOUT_SECONDS=str(args.gloo_timeout))
         start = time.time()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -25,10 +25,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import job_path, tool  # noqa: E402
 from loopback_hosts import loopback_hosts  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BIN = os.path.dirname(sys.executable)
 # horovodrun's option that has its elastic driver log each worker's recorded state, the
 # hosts it blacklists and why it stops: what a chance failure needs to explain itself.
 DRIVER_LOG = ["--log-level", "INFO"]
@@ -51,7 +52,7 @@ def run(args, folder):
     write_hosts(hosts_file, both[:1] if args.scenario == "resize" else both)
     np_start = 2 if args.scenario == "resize" else 4
     with loopback_hosts(os.path.join(folder, "ssh")) as hosts:
-        command = [os.path.join(BIN, "horovodrun"), "--gloo", "-np", str(np_start),
+        command = [tool("horovodrun"), "--gloo", "-np", str(np_start),
                    "--min-np", "2", "--max-np", "4", "--host-discovery-script", discover,
                    "--elastic-timeout", str(args.elastic_timeout), "--network-interface", "lo",
                    *DRIVER_LOG, "-p", str(hosts.port), "-i", hosts.key,
@@ -60,7 +61,7 @@ def run(args, folder):
                    "--kill-step", str(args.kill_step if args.scenario == "kill" else -1),
                    "--marker", marker, "--state", args.state,
                    "--trainer", args.trainer]
-        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+        env = dict(os.environ, PATH=job_path())
         if args.gloo_timeout:
             # How long a rank waits on a dead peer before its collective fails (Horovod's
             # default is 30 s); horovodrun passes HOROVOD_* variables to the workers.

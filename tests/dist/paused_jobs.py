@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import BIN, JOB_PROCESS_GROUP, REPO, record_job
+from helpers import JOB_PROCESS_GROUP, REPO, job_path, record_job
 from jobs import DIGITS, launcher, lower_priority_of_busy_threads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -54,7 +54,7 @@ class SharedJob:
     def start(self):
         """Start the command (the shell that wraps it writes its exit status when it ends)."""
         os.makedirs(self.folder, exist_ok=True)
-        env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""),
+        env = dict(os.environ, PATH=job_path(),
                    HVDTRAIN_TEST_TAG=self.tag, **self.env)
         wrapped = ["sh", "-c", '"$@"; echo $? > "$0.part" && mv "$0.part" "$0"', self.status,
                    *self.cmd]

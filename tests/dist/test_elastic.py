@@ -14,9 +14,9 @@ import subprocess
 import pytest
 
 from elastic_ids import trained_ids
-from elastic_job import BIN, parse as parse_job, run as run_job
+from elastic_job import parse as parse_job, run as run_job
 from elastic_spike import parse, run
-from helpers import record_job
+from helpers import record_job, tool
 
 # `alone`: these jobs set Gloo's timeout to 10 s (a fast recovery). Beside the other test
 # process (a load of 7 on 2 cores) a returning host's workers once started too slowly to
@@ -164,7 +164,7 @@ def test_hvdtrain_elastic_ends_cleanly_on_sigterm_or_no_host(event, tmp_path):
 def _resumes_alone(out, epochs):
     """Resume the folder `out` of an elastic job with one process (not elastic) to `epochs`
     epochs; check it resumed and finished; return the epoch it started from."""
-    more = subprocess.run([os.path.join(BIN, "hvdtrain"), "--dataset", "digits", "--no-cuda",
+    more = subprocess.run([tool("hvdtrain"), "--dataset", "digits", "--no-cuda",
                            "--batch-size", "8", "--epochs", str(epochs), "--output-dir",
                            str(out), "--resume", "auto", "--log-interval", "0"],
                           capture_output=True, text=True, timeout=120)
