@@ -20,8 +20,9 @@ def _write_horovodrun():
     """Write the suite's ``horovodrun`` (horovodrun_once.py: Horovod's, its build check asked
     once) into a folder of its own for this Python; return the folder."""
     here = os.path.dirname(os.path.abspath(__file__))
-    folder = os.path.join(tempfile.gettempdir(), "hvdtrain-test-bin-" + hashlib.sha1(
-        (sys.executable + here).encode()).hexdigest()[:12])
+    folder = os.path.join(tempfile.gettempdir(), f"hvdtrain-test-bin-{os.getuid()}-" +
+                          hashlib.sha1((os.path.realpath(sys.executable) + here).encode())
+                          .hexdigest()[:12])
     script = (f"#!{sys.executable}\n"
               "# Written by tests/helpers.py: horovodrun for the test suite.\n"
               "import sys\n"
