@@ -26,7 +26,7 @@ def _write_horovodrun():
     script = (f"#!{sys.executable}\n"
               "# Written by tests/helpers.py: horovodrun for the test suite.\n"
               "import sys\n"
-              f"sys.path.insert(0, {here!r})\n"
+              f"sys.path.append({here!r})  # after Horovod's own modules\n"
               "from horovodrun_once import main\n"
               "if __name__ == '__main__':\n"
               f"    sys.exit(main({os.path.join(folder, 'build-answers.json')!r}))\n")

@@ -4,8 +4,8 @@ Before every launch horovodrun asks whether Horovod was built with MPI (and, for
 or elastic runs, with Gloo) by importing each framework's extension in a forked child; for
 MXNet's that imports MXNet: a second of a core, and a second of waiting, at every launch.
 ``horovodrun -np 2 -H localhost:2 true`` took 1.25-1.33 s (1.35-1.55 s of CPU) against
-0.27-0.38 s (0.35-0.42 s) with the answer known (the 2-core VM, 2026-12-06), and the suite
-launches horovodrun more than a hundred times. The answer depends only on the Horovod that is
+0.27-0.38 s (0.35-0.42 s) with the answer known (the 2-core VM, 2026-12-06): about 35 s of
+CPU over a `make test` (docs/development.md), where the launcher is the subject. The answer depends only on the Horovod that is
 installed, so the first launch asks Horovod's own check and writes the answer to a file,
 keyed by Horovod's version and its MXNet extension's size and time; later launches read it.
 Everything else, the launch itself included, is horovodrun's own code.
@@ -16,7 +16,6 @@ this module, and the file for the answers.
 import glob
 import json
 import os
-import sys
 
 import horovod
 import horovod.runner.launch as launch

@@ -43,8 +43,7 @@ STOP_LINE = re.compile(r"hvdtrain: stopped at step (\d+), (.+?) \((.+?)\); check
 # at the step that decided: a launcher's signal reaches the ranks a moment apart, and when
 # Horovod's elastic driver signals every rank, rank 0 may not yet have noticed its own when
 # it reports, the stop having gone on rank 1's request alone: seen once with four test
-# processes on 2 cores), the
-# launcher's status, and what else the run does. horovodrun (MPI) passes no signal on (its
+# processes on 2 cores), the launcher's status, and what else the run does. horovodrun (MPI) passes no signal on (its
 # `sh -c mpirun` dies of TERM or USR1 and waits on INT), so rank 1 alone gets it, as srun's
 # tasks do under Slurm; --gloo terminates its ranks at once (SIGKILL 5 s later) and ends with 1
 # whatever they return; mpirun forwards SIGUSR1 (and SIGKILLs 1 s after a TERM or INT);

@@ -32,4 +32,3 @@ def test_a_failed_check_is_asked_again_and_a_bad_file_is_ignored(tmp_path):
     assert remembered() is None  # Horovod's answer when the extension did not import
     assert answers.read_text() == "[1, 2]"
     assert remembered() is True and remembered() is True and not results
-
