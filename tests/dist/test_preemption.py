@@ -32,20 +32,19 @@ RANK_1_FIRST = "another rank's request; 1 of 2 ranks asked"
 
 
 def every_rank(signal_name):
-    """Why rank 0 stops when the elastic driver's every rank got `signal_name` (see CASES)."""
+    """Why rank 0 stops when every rank got `signal_name` (see CASES)."""
     return rf"{signal_name}; [12] of 2 ranks asked|{RANK_1_FIRST}"
 
 
 STOP_LINE = re.compile(r"hvdtrain: stopped at step (\d+), (.+?) \((.+?)\); checkpoint saved: "
                        r"(\S+); exit 75: run it again with --resume auto to continue")
 
-# Who is signalled with what, why rank 0 says the run stopped (with how many ranks had asked
-# at the step that decided: a launcher's signal reaches the ranks a moment apart, and when
-# Horovod's elastic driver signals every rank, rank 0 may not yet have noticed its own when
-# it reports, the stop having gone on rank 1's request alone: seen once with four test
-# processes on 2 cores), the launcher's status, and what else the run does. horovodrun (MPI) passes no signal on (its
-# `sh -c mpirun` dies of TERM or USR1 and waits on INT), so rank 1 alone gets it, as srun's
-# tasks do under Slurm; --gloo terminates its ranks at once (SIGKILL 5 s later) and ends with 1
+# Who is signalled with what, why rank 0 says the run stopped (what it voted at the step that
+# decided, with how many ranks had asked: a signal to every rank reaches them a moment apart,
+# and the stop may go on rank 1's request alone before rank 0 notices its own; seen under
+# the elastic driver and under horovodrun --gloo), the launcher's status, and what else the
+# run does. horovodrun (MPI) passes no signal on (its `sh -c mpirun` dies of TERM or USR1 and
+# waits on INT), so rank 1 alone gets it, as srun's tasks do under Slurm; --gloo terminates its ranks at once (SIGKILL 5 s later) and ends with 1
 # whatever they return; mpirun forwards SIGUSR1 (and SIGKILLs 1 s after a TERM or INT);
 # hvdtrain-launch passes any of them on. The runs also save every 40 steps, every 0.2 s by
 # rank 0's clock, or every epoch: the reference does not, and the resumed run must still end
@@ -53,15 +52,15 @@ STOP_LINE = re.compile(r"hvdtrain: stopped at step (\d+), (.+?) \((.+?)\); check
 CASES = {
     "horovodrun": ("rank 1", signal.SIGTERM, RANK_1_FIRST, 75,
                    ["--checkpoint-every", "40steps"]),
-    "horovodrun-gloo": ("launcher", signal.SIGINT, "SIGTERM; [12] of 2 ranks asked", 1,
+    "horovodrun-gloo": ("launcher", signal.SIGINT, every_rank("SIGTERM"), 1,
                         ["--checkpoint-every", "0.2s"]),
-    "mpirun": ("launcher", signal.SIGUSR1, "SIGUSR1; [12] of 2 ranks asked", 75, []),
-    "hvdtrain-launch": ("launcher", signal.SIGTERM, "SIGTERM; [12] of 2 ranks asked", 75, PS),
+    "mpirun": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), 75, []),
+    "hvdtrain-launch": ("launcher", signal.SIGTERM, every_rank("SIGTERM"), 75, PS),
     # BatchNorm: a save inside the epoch writes the running statistics averaged over the
     # ranks (each rank trains on with its own), the stop averages them; resumed, the weights
     # end bit for bit as the run that never stopped, the statistics within a few roundings
     # (tests/dist/jobs.py, STATISTICS_ULPS).
-    "mpirun-bn_cnn": ("launcher", signal.SIGUSR1, "SIGUSR1; [12] of 2 ranks asked", 75,
+    "mpirun-bn_cnn": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), 75,
                       ["--model", "bn_cnn", "--checkpoint-every", "40steps"]),
     # Horovod's elastic driver: every worker signalled (Slurm's notice to its tasks, a pod's
     # deletion), or rank 1 alone. Each saves and exits 75, as in any run (the driver then

@@ -203,6 +203,24 @@ def test_a_stop_request_stops_without_a_save_of_its_own():
     assert "give output_dir to make" in in_keywords(unsaved)
 
 
+def test_a_signal_after_the_deciding_vote_changes_neither_the_record_nor_the_line():
+    """A launcher's signal reaches the ranks a moment apart: rank 1's request decided the stop
+    before rank 0 noticed its own. The record (written first) and the line (printed after
+    the save) both say what rank 0 voted, so they agree with each other and with the count
+    (seen once under horovodrun --gloo: the line said SIGTERM, the record another rank's
+    request)."""
+    signals = Asked()
+    rank0 = Boundary(None, None, DistContext(rank=0, num_workers=2, store=None), None, "1",
+                     signals)
+    assert rank0.vote()[0] == 0
+    rank0.after_step((1, 0, 0, 0), TrainState(step=5), last_of_epoch=False)
+    record_says = rank0.why()
+    signals.received = "SIGTERM"
+    line = rank0.preempted(TrainState(epoch=1, step=5, epoch_samples=70), "D/c", 70).line
+    assert record_says == rank0.why() == "another rank's request; 1 of 2 ranks asked"
+    assert "(another rank's request; 1 of 2 ranks asked)" in line, line
+
+
 def test_a_failed_background_write_stops_every_rank_with_its_line():
     b = boundary("1steps")
     b.checkpointer.failure = OutputError("cannot write D/checkpoints/.tmp-x: no space left on "

@@ -107,6 +107,10 @@ class Boundary:
         self._last_save = clock()
         self.stopping = 0
         self.pending = False
+        # This rank's reason at its last vote: the stop's record and its line both say it, so
+        # they agree with the count even when this rank's own signal comes after the vote
+        # that decided (a launcher's signal reaches the ranks a moment apart).
+        self._voted_reason: Optional[str] = None
 
     @property
     def reason(self) -> Optional[str]:
@@ -114,9 +118,10 @@ class Boundary:
         return None if self.signals is None else self.signals.received
 
     def why(self) -> str:
-        """Why the run stops, as this rank knows it: its own reason, or another rank's
-        request; with how many ranks asked."""
-        why = self.reason or "another rank's request"
+        """Why the run stops, as this rank voted: its own reason, or another rank's request;
+        with how many ranks asked. A signal that arrives after the deciding vote changes
+        nothing here."""
+        why = self._voted_reason or "another rank's request"
         if self.dist.num_workers > 1 and self.dist.synchronous:
             why += f"; {self.stopping} of {self.dist.num_workers} ranks asked"
         return why
@@ -128,7 +133,8 @@ class Boundary:
         due = self.kind == "seconds" and self.dist.is_root and \
             self._clock() - self._last_save >= self.amount
         failed, busy = saver.write_status() if saver is not None else (False, False)
-        return int(self.reason is not None), int(due), int(failed), int(busy), int(end)
+        self._voted_reason = self.reason
+        return int(self._voted_reason is not None), int(due), int(failed), int(busy), int(end)
 
     @staticmethod
     def ends_epoch(votes: Sequence[int]) -> bool:
@@ -183,7 +189,8 @@ class Boundary:
         its evaluation or its writes, and whether any rank's handlers asked to end training
         (`end`, this rank's: an ``epoch_end`` handler returned True). One small collective
         per epoch, none per step."""
-        votes = [int(self.reason is not None), int(bool(end))]
+        self._voted_reason = self.reason
+        votes = [int(self._voted_reason is not None), int(bool(end))]
         if self.dist.num_workers > 1 and self.dist.synchronous:
             votes = [int(v) for v in self.dist.sum_across_workers(
                 "stop_vote", mx.nd.array(votes)).asnumpy()]
