@@ -44,15 +44,18 @@ STOP_LINE = re.compile(r"hvdtrain: stopped at step (\d+), (.+?) \((.+?)\); check
 # and the stop may go on rank 1's request alone before rank 0 notices its own; seen under
 # the elastic driver and under horovodrun --gloo), the launcher's status, and what else the
 # run does. horovodrun (MPI) passes no signal on (its `sh -c mpirun` dies of TERM or USR1 and
-# waits on INT), so rank 1 alone gets it, as srun's tasks do under Slurm; --gloo terminates its ranks at once (SIGKILL 5 s later) and ends with 1
-# whatever they return; mpirun forwards SIGUSR1 (and SIGKILLs 1 s after a TERM or INT);
+# waits on INT), so rank 1 alone gets it, as srun's tasks do under Slurm; --gloo terminates
+# its ranks at once (SIGKILL 5 s later) and ends with 1 whatever they return, or with 0:
+# Horovod 0.28.1's termination thread (psutil's wait) and the rank's waiter (subprocess's) race
+# to reap the rank, and the loser reads 0 (4 runs of 23 under load, 2026-12-06;
+# docs/reliability.md); mpirun forwards SIGUSR1 (and SIGKILLs 1 s after a TERM or INT);
 # hvdtrain-launch passes any of them on. The runs also save every 40 steps, every 0.2 s by
 # rank 0's clock, or every epoch: the reference does not, and the resumed run must still end
 # where it ends.
 CASES = {
     "horovodrun": ("rank 1", signal.SIGTERM, RANK_1_FIRST, 75,
                    ["--checkpoint-every", "40steps"]),
-    "horovodrun-gloo": ("launcher", signal.SIGINT, every_rank("SIGTERM"), 1,
+    "horovodrun-gloo": ("launcher", signal.SIGINT, every_rank("SIGTERM"), (1, 0),
                         ["--checkpoint-every", "0.2s"]),
     "mpirun": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), 75, []),
     "hvdtrain-launch": ("launcher", signal.SIGTERM, every_rank("SIGTERM"), 75, PS),
@@ -166,7 +169,7 @@ def test_a_signal_mid_epoch_costs_no_step_and_resume_auto_ends_as_an_uninterrupt
         seconds = time.monotonic() - signalled
     finally:
         out = reap(proc, tag, timeout=120)
-    assert proc.returncode == status, out[-3000:]
+    assert proc.returncode in (status if isinstance(status, tuple) else (status,)), out[-3000:]
     step, where, said_why, path = stop_line(out)
     assert re.fullmatch(why, said_why), said_why
     assert STEPS < step < 2 * STEPS and where == f"{14 * (step - STEPS)} samples into epoch 2"
