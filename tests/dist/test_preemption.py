@@ -53,25 +53,25 @@ STOP_LINE = re.compile(r"hvdtrain: stopped at step (\d+), (.+?) \((.+?)\); check
 # rank 0's clock, or every epoch: the reference does not, and the resumed run must still end
 # where it ends.
 CASES = {
-    "horovodrun": ("rank 1", signal.SIGTERM, RANK_1_FIRST, 75,
+    "horovodrun": ("rank 1", signal.SIGTERM, RANK_1_FIRST, (75,),
                    ["--checkpoint-every", "40steps"]),
     "horovodrun-gloo": ("launcher", signal.SIGINT, every_rank("SIGTERM"), (1, 0),
                         ["--checkpoint-every", "0.2s"]),
-    "mpirun": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), 75, []),
-    "hvdtrain-launch": ("launcher", signal.SIGTERM, every_rank("SIGTERM"), 75, PS),
+    "mpirun": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), (75,), []),
+    "hvdtrain-launch": ("launcher", signal.SIGTERM, every_rank("SIGTERM"), (75,), PS),
     # BatchNorm: a save inside the epoch writes the running statistics averaged over the
     # ranks (each rank trains on with its own), the stop averages them; resumed, the weights
     # end bit for bit as the run that never stopped, the statistics within a few roundings
     # (tests/dist/jobs.py, STATISTICS_ULPS).
-    "mpirun-bn_cnn": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), 75,
+    "mpirun-bn_cnn": ("launcher", signal.SIGUSR1, every_rank("SIGUSR1"), (75,),
                       ["--model", "bn_cnn", "--checkpoint-every", "40steps"]),
     # Horovod's elastic driver: every worker signalled (Slurm's notice to its tasks, a pod's
     # deletion), or rank 1 alone. Each saves and exits 75, as in any run (the driver then
     # ends with its own status, 1); step and time checkpoints are written inside the epochs
     # meanwhile, as in any run.
-    "horovodrun-elastic": ("ranks", signal.SIGTERM, every_rank("SIGTERM"), 1,
+    "horovodrun-elastic": ("ranks", signal.SIGTERM, every_rank("SIGTERM"), (1,),
                            ELASTIC + ["--checkpoint-every", "40steps"]),
-    "horovodrun-elastic-time": ("rank 1", signal.SIGUSR1, RANK_1_FIRST, 1,
+    "horovodrun-elastic-time": ("rank 1", signal.SIGUSR1, RANK_1_FIRST, (1,),
                                 ELASTIC + ["--checkpoint-every", "0.2s"]),
 }
 
@@ -152,7 +152,7 @@ def records(out_dir):
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_signal_mid_epoch_costs_no_step_and_resume_auto_ends_as_an_uninterrupted_run(
         name, reference, tmp_path):
-    target, signum, why, status, extra = CASES[name]
+    target, signum, why, statuses, extra = CASES[name]
     proc, tag = launch(name, tmp_path, FLAGS + extra)
     try:
         # Inside the second epoch, 20 steps in: the stop is mid-epoch, after a checkpoint.
@@ -169,7 +169,7 @@ def test_a_signal_mid_epoch_costs_no_step_and_resume_auto_ends_as_an_uninterrupt
         seconds = time.monotonic() - signalled
     finally:
         out = reap(proc, tag, timeout=120)
-    assert proc.returncode in (status if isinstance(status, tuple) else (status,)), out[-3000:]
+    assert proc.returncode in statuses, out[-3000:]
     step, where, said_why, path = stop_line(out)
     assert re.fullmatch(why, said_why), said_why
     assert STEPS < step < 2 * STEPS and where == f"{14 * (step - STEPS)} samples into epoch 2"
