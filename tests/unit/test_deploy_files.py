@@ -206,7 +206,8 @@ def test_kubeflow_mpijob():
     specs = job["spec"]["mpiReplicaSpecs"]
     workers = specs["Worker"]
     launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
-    mpirun_line = _launcher_script().replace("\\\n", " ").splitlines()[0]
+    mpirun_line = next(line for line in _launcher_script().replace("\\\n", " ").splitlines()
+                       if line.startswith("mpirun"))
     command = shlex.split(mpirun_line.rstrip("& "))
     assert command[0] == "mpirun"
     np_ = int(command[command.index("-np") + 1])
@@ -231,17 +232,31 @@ time.sleep(60)
 """
 
 
-def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
-    """The kubelet's SIGTERM to the launcher's shell reaches mpirun as SIGUSR1 (which mpirun
-    forwards to its ranks; a SIGTERM it would turn into a SIGKILL 2 s later), and the
-    launcher ends with mpirun's status (75: the ranks saved and stopped)."""
+def _launcher_with_a_stand_in_mpirun(tmp_path, injected_after=None, injected=""):
+    """The launcher's shell (started) with a stand-in mpirun on PATH; `injected` is a line put
+    after the command that starts with `injected_after` (a moment the kubelet might choose,
+    made certain)."""
     ready = tmp_path / "ready"
     (tmp_path / "mpirun").write_text(STAND_IN_MPIRUN.format(python=sys.executable,
                                                             ready=str(ready)))
     (tmp_path / "mpirun").chmod(0o755)
-    shell = subprocess.Popen(["/bin/sh", "-c", _launcher_script()], stdout=subprocess.PIPE,
+    lines = _launcher_script().splitlines()
+    if injected_after is not None:
+        at = next(i for i, line in enumerate(lines) if line.startswith(injected_after))
+        while lines[at].endswith("\\"):  # after the command's last line
+            at += 1
+        lines.insert(at + 1, injected.format(ready=shlex.quote(str(ready))))
+    shell = subprocess.Popen(["/bin/sh", "-c", "\n".join(lines)], stdout=subprocess.PIPE,
                              text=True, env=dict(os.environ, PATH=f"{tmp_path}:"
                                                  f"{os.environ['PATH']}"))
+    return shell, ready
+
+
+def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
+    """The kubelet's SIGTERM to the launcher's shell reaches mpirun as SIGUSR1 (which mpirun
+    forwards to its ranks; a SIGTERM it would turn into a SIGKILL 2 s later), and the
+    launcher ends with mpirun's status (75: the ranks saved and stopped)."""
+    shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path)
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -249,6 +264,32 @@ def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
         shell.send_signal(signal.SIGTERM)
         assert shell.wait(timeout=60) == 75
         assert shell.stdout.read() == "mpirun got SIGUSR1\n"
+    finally:
+        shell.kill()
+
+
+def test_a_sigterm_right_after_mpirun_starts_still_reaches_it(tmp_path):
+    """The moment between mpirun's start and the shell's next line (CI once hit it: a shell
+    descheduled there died of the SIGTERM, status 143, mpirun left running to be killed
+    without a save). The shell here waits at that moment until mpirun is ready, then is sent
+    SIGTERM."""
+    shell, _ = _launcher_with_a_stand_in_mpirun(
+        tmp_path, injected_after="mpirun",
+        injected="while [ ! -e {ready} ]; do sleep 0.05; done; kill -TERM $$")
+    try:
+        assert shell.wait(timeout=60) == 75
+        assert shell.stdout.read() == "mpirun got SIGUSR1\n"
+    finally:
+        shell.kill()
+
+
+def test_a_sigterm_before_mpirun_starts_ends_the_launcher_and_starts_nothing(tmp_path):
+    shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path, injected_after="trap",
+                                                    injected="kill -TERM $$")
+    try:
+        assert shell.wait(timeout=60) == 128 + signal.SIGTERM
+        time.sleep(0.5)
+        assert not ready.exists() and shell.stdout.read() == ""
     finally:
         shell.kill()
 
