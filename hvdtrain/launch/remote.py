@@ -11,7 +11,12 @@ It starts the command in a session of its own and
   started over ssh then dies with the launcher's ssh client instead of outliving it; a
   ``stop`` line on it (hvdtrain-launch passing on a stop signal) reaches a worker as SIGUSR1;
 - passes SIGUSR1 on to a worker (mpirun forwards it to its ranks): hvdtrain saves a
-  checkpoint and stops on it; TERM, INT and HUP kill the command;
+  checkpoint and stops on it; TERM, INT and HUP kill the command (its handlers are in place
+  before the command starts, so a signal in between is not lost);
+- on Linux, has the kernel SIGKILL the command when this process dies without its handlers
+  running: mpirun SIGKILLs its ranks one second after its TERM, and a ``remote.py`` starved of
+  CPU for that second would otherwise leave its command (a server or scheduler waits forever)
+  running in its own session;
 - with ``--mpi-role``, takes its role from its MPI rank (0: scheduler, 1..S: servers, the
   rest: workers) before MXNet is imported, and prefixes its output with that role; servers
   and workers run the command through ``runner.py``, as the launcher does for the others;
@@ -88,6 +93,28 @@ def _parse(argv):
     return args
 
 
+def _die_with_this_process():
+    """A ``preexec_fn`` that makes the child receive SIGKILL when this process dies (Linux's
+    ``PR_SET_PDEATHSIG``, kept across exec), or None where that does not exist.
+
+    Safe as a ``preexec_fn`` because it runs before this process starts any thread."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # pylint: disable=import-outside-toplevel
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec():
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        if os.getppid() != parent:  # this process died before the prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
 def _pump(stream, prefix):
     for line in iter(stream.readline, b""):
         sys.stdout.buffer.write(prefix + line)
@@ -108,32 +135,45 @@ def main(argv=None):
         else:
             command = [sys.executable, RUNNER, "--"] + command
         prefix = f"[{role} {index}] ".encode()
-    try:
-        child = subprocess.Popen(command, env=env, start_new_session=True,
-                                 stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE if prefix else None,
-                                 stderr=subprocess.STDOUT if prefix else None)
-    except OSError as err:
-        print(f"hvdtrain/launch/remote.py on {os.uname().nodename}: cannot run {command[0]}: "
-              f"{err.strerror}", file=sys.stderr)
-        return 127
+    started = []  # the child, once it exists
+    pending = []  # what a signal asked for before then
 
     def kill_child(*_):
+        if not started:
+            pending.append(kill_child)
+            return
         try:
-            os.killpg(child.pid, signal.SIGKILL)
+            os.killpg(started[0].pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
     def ask_to_stop(*_):
-        if env.get("DMLC_ROLE") == "worker":  # a server or the scheduler would just die
-            try:
-                os.killpg(child.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+        if env.get("DMLC_ROLE") != "worker":  # a server or the scheduler would just die
+            return
+        if not started:
+            pending.append(ask_to_stop)
+            return
+        try:
+            os.killpg(started[0].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, kill_child)
     signal.signal(signal.SIGUSR1, ask_to_stop)
+    try:
+        child = subprocess.Popen(command, env=env, start_new_session=True,
+                                 stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE if prefix else None,
+                                 stderr=subprocess.STDOUT if prefix else None,
+                                 preexec_fn=_die_with_this_process())
+    except OSError as err:
+        print(f"hvdtrain/launch/remote.py on {os.uname().nodename}: cannot run {command[0]}: "
+              f"{err.strerror}", file=sys.stderr)
+        return 127
+    started.append(child)
+    for action in pending:
+        action()
     if args.watch_stdin:
         def watch():
             # os.read, not sys.stdin: a buffered reader's lock held by this thread would

@@ -3,7 +3,8 @@
 Worker 1 fails at its 5th step as PS_PROGRAM_FAIL says: ``raise`` (an uncaught exception)
 or ``exit`` (``sys.exit(3)``); unset, both workers finish (and say the value of PS_PROGRAM_NOTE
 when it is set). The other worker meanwhile
-waits in a pushpull for worker 1's push, as a real training step would.
+waits in a pushpull for worker 1's push, as a real training step would. PS_PROGRAM_STEPS
+sets the number of steps (40; 20 ms or more each).
 """
 import os
 import sys
@@ -18,7 +19,7 @@ def main():
     store = mx.kv.create("dist_sync")
     store.init(0, mx.nd.zeros(4))
     fail = os.environ.get("PS_PROGRAM_FAIL")
-    for step in range(STEPS):
+    for step in range(int(os.environ.get("PS_PROGRAM_STEPS", STEPS))):
         if store.rank == 1 and step == 5:
             if fail == "raise":
                 raise RuntimeError("injected failure in worker 1")

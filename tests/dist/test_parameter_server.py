@@ -121,6 +121,33 @@ def test_any_python_worker_program_that_fails_ends_the_job(how, fail, status, si
         assert "apport-like hook: RuntimeError" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("role", ["server", "worker"])
+def test_a_killed_remote_py_takes_its_process_with_it(role, monkeypatch):
+    """mpirun SIGKILLs a rank that has not ended 1 s after its TERM; a ``remote.py`` starved of
+    CPU that long died before its handler killed the role's process, which runs in a session
+    of its own and was left behind (a server waits forever; seen once under load in CI-like
+    runs). Here one role's remote.py is SIGKILLed outright: the kernel ends its process too
+    (PR_SET_PDEATHSIG), and mpirun stops the rest of the job."""
+    monkeypatch.setenv("PS_PROGRAM_STEPS", "100000")  # it runs until the kill ends it
+    tag = uuid.uuid4().hex
+    proc = tagged_launch(ps_launch("--launcher", "mpi", "-n", "2", "-s", "1",
+                                   "--env", "HVDTRAIN_TEST_TAG", "--env", "PS_PROGRAM_STEPS",
+                                   sys.executable, os.path.join(HERE, "ps_program.py")),
+                         tag)
+    deadline = time.monotonic() + 120  # a bound for a busy machine, not a measurement
+    while len(role_pids(tag, "worker")) < 2 or not role_pids(tag, "server"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tagged(tag)
+            pytest.fail(f"the job did not start (launcher: {proc.poll()})")
+        time.sleep(0.2)
+    victim = role_pids(tag, role)[0]
+    remote = int(open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[1])
+    assert b"remote.py" in open(f"/proc/{remote}/cmdline", "rb").read()
+    os.kill(remote, signal.SIGKILL)
+    out = reap(proc, tag, timeout=60)  # a survivor fails here
+    assert proc.returncode != 0, out[-2000:]
+
+
 def test_killed_worker_stops_the_job(tmp_path):
     tag = uuid.uuid4().hex
     proc = tagged_launch(ps_launch("-n", "2", "-s", "2", "--env", "HVDTRAIN_TEST_TAG",

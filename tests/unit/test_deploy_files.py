@@ -228,7 +228,8 @@ STAND_IN_MPIRUN = """#!{python}
 import signal, sys, time
 signal.signal(signal.SIGUSR1, lambda s, f: (print("mpirun got SIGUSR1", flush=True), sys.exit(75)))
 open({ready!r}, "w").close()
-time.sleep(60)
+for _ in range(600):  # short sleeps: a signal just before a long one would wait for its end
+    time.sleep(0.1)
 """
 
 
@@ -242,7 +243,7 @@ def _launcher_with_a_stand_in_mpirun(tmp_path, injected_after=None, injected="")
     (tmp_path / "mpirun").chmod(0o755)
     lines = _launcher_script().splitlines()
     if injected_after is not None:
-        at = next(i for i, line in enumerate(lines) if line.startswith(injected_after))
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(injected_after))
         while lines[at].endswith("\\"):  # after the command's last line
             at += 1
         lines.insert(at + 1, injected.format(ready=shlex.quote(str(ready))))
@@ -269,14 +270,31 @@ def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
 
 
 def test_a_sigterm_right_after_mpirun_starts_still_reaches_it(tmp_path):
-    """The moment between mpirun's start and the shell's next line (CI once hit it: a shell
-    descheduled there died of the SIGTERM, status 143, mpirun left running to be killed
-    without a save). The shell here waits at that moment until mpirun is ready, then is sent
-    SIGTERM."""
+    """The moment between mpirun's start and the shell's next line (a shell whose trap came
+    after mpirun's start died there of the SIGTERM, leaving mpirun to be killed without a
+    save). The shell here waits at that moment until mpirun is ready, then is sent SIGTERM."""
     shell, _ = _launcher_with_a_stand_in_mpirun(
         tmp_path, injected_after="mpirun",
         injected="while [ ! -e {ready} ]; do sleep 0.05; done; kill -TERM $$")
     try:
+        assert shell.wait(timeout=60) == 75
+        assert shell.stdout.read() == "mpirun got SIGUSR1\n"
+    finally:
+        shell.kill()
+
+
+def test_a_sigterm_while_mpirun_runs_ends_the_launcher_with_mpiruns_status_however_late_it_looks(
+        tmp_path):
+    """The wait that the SIGTERM interrupts returns 143; mpirun then ends (75) and the shell
+    may reap it before it looks again (CI hit this: 143). The shell here sleeps after that
+    wait, so mpirun has certainly ended and been reaped by then."""
+    shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path, injected_after="wait",
+                                                    injected="sleep 0.5")
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shell.send_signal(signal.SIGTERM)
         assert shell.wait(timeout=60) == 75
         assert shell.stdout.read() == "mpirun got SIGUSR1\n"
     finally:

@@ -263,3 +263,24 @@ def test_remote_passes_a_stop_line_on_to_its_worker_as_sigusr1(tmp_path):
         assert proc.stdout.read().strip() == "saved after SIGUSR1"
     finally:
         proc.kill()
+
+
+SIGNALLED_WHILE_STARTING = """
+import os, runpy, signal, subprocess, sys
+real_popen = subprocess.Popen
+def popen(*args, **kwargs):  # the signal comes while remote.py starts its command
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real_popen(*args, **kwargs)
+subprocess.Popen = popen
+sys.argv = [{remote!r}, "--", sys.executable, "-c", "import time; time.sleep(60)"]
+runpy.run_path({remote!r}, run_name="__main__")
+"""
+
+
+def test_a_signal_to_remote_while_it_starts_its_command_still_ends_that_command():
+    """A TERM that reaches remote.py before its command exists is kept and acted on once the
+    command does (its handlers came after the start: remote.py died, its command ran on)."""
+    remote = os.path.join(os.path.dirname(launcher_module.__file__), "remote.py")
+    proc = subprocess.run([sys.executable, "-c", SIGNALLED_WHILE_STARTING.format(remote=remote)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr  # its command, killed
