@@ -138,25 +138,21 @@ def main(argv=None):
     started = []  # the child, once it exists
     pending = []  # what a signal asked for before then
 
-    def kill_child(*_):
+    def signal_child(signum, action):
         if not started:
-            pending.append(kill_child)
+            pending.append(action)
             return
         try:
-            os.killpg(started[0].pid, signal.SIGKILL)
+            os.killpg(started[0].pid, signum)
         except ProcessLookupError:
             pass
 
+    def kill_child(*_):
+        signal_child(signal.SIGKILL, kill_child)
+
     def ask_to_stop(*_):
-        if env.get("DMLC_ROLE") != "worker":  # a server or the scheduler would just die
-            return
-        if not started:
-            pending.append(ask_to_stop)
-            return
-        try:
-            os.killpg(started[0].pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        if env.get("DMLC_ROLE") == "worker":  # a server or the scheduler would just die
+            signal_child(signal.SIGUSR1, ask_to_stop)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, kill_child)

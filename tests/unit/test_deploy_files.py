@@ -253,11 +253,9 @@ def _launcher_with_a_stand_in_mpirun(tmp_path, injected_after=None, injected="")
     return shell, ready
 
 
-def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
-    """The kubelet's SIGTERM to the launcher's shell reaches mpirun as SIGUSR1 (which mpirun
-    forwards to its ranks; a SIGTERM it would turn into a SIGKILL 2 s later), and the
-    launcher ends with mpirun's status (75: the ranks saved and stopped)."""
-    shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path)
+def _sigterm_once_mpirun_is_ready(shell, ready):
+    """The kubelet's SIGTERM while mpirun runs: mpirun gets SIGUSR1 and the launcher ends with
+    its status, 75."""
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -267,6 +265,14 @@ def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
         assert shell.stdout.read() == "mpirun got SIGUSR1\n"
     finally:
         shell.kill()
+
+
+def test_the_kubeflow_launcher_passes_sigterm_on_to_mpirun_as_sigusr1(tmp_path):
+    """The kubelet's SIGTERM to the launcher's shell reaches mpirun as SIGUSR1 (which mpirun
+    forwards to its ranks; a SIGTERM it would turn into a SIGKILL 2 s later), and the
+    launcher ends with mpirun's status (75: the ranks saved and stopped)."""
+    shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path)
+    _sigterm_once_mpirun_is_ready(shell, ready)
 
 
 def test_a_sigterm_right_after_mpirun_starts_still_reaches_it(tmp_path):
@@ -290,15 +296,7 @@ def test_a_sigterm_while_mpirun_runs_ends_the_launcher_with_mpiruns_status_howev
     wait, so mpirun has certainly ended and been reaped by then."""
     shell, ready = _launcher_with_a_stand_in_mpirun(tmp_path, injected_after="wait",
                                                     injected="sleep 0.5")
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        shell.send_signal(signal.SIGTERM)
-        assert shell.wait(timeout=60) == 75
-        assert shell.stdout.read() == "mpirun got SIGUSR1\n"
-    finally:
-        shell.kill()
+    _sigterm_once_mpirun_is_ready(shell, ready)
 
 
 def test_a_sigterm_before_mpirun_starts_ends_the_launcher_and_starts_nothing(tmp_path):
