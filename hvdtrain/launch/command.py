@@ -178,9 +178,42 @@ def _signal(pids, signum):
             pass
 
 
+# Linux's prctl options for the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
+
+
+def _take_over_the_death_signal():
+    """Let this shell's programs die with this process's parent, as this process does.
+
+    ``remote.py`` has the kernel SIGKILL its command when it dies (``PR_SET_PDEATHSIG``); for
+    a shell command that command is this process, and a SIGKILL would leave ``bash`` and its
+    programs running. So where such a signal was inherited, it becomes a real-time signal whose
+    handler SIGKILLs this process's tree, then this process. (Not SIGTERM: a launcher's TERM to
+    the group is a stop request the programs must be able to save on.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes  # pylint: disable=import-outside-toplevel
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    inherited = ctypes.c_int(0)
+    if prctl(_PR_GET_PDEATHSIG, ctypes.byref(inherited)) != 0 or not inherited.value:
+        return
+    parent_gone = signal.SIGRTMIN + 2  # glibc keeps the first real-time signals for itself
+
+    def end_the_tree(*_):
+        _signal([pid for pid in _tree(os.getpid()) if pid != os.getpid()], signal.SIGKILL)
+        os._exit(128 + signal.SIGKILL)  # pylint: disable=protected-access
+
+    signal.signal(parent_gone, end_the_tree)
+    prctl(_PR_SET_PDEATHSIG, int(parent_gone))
+
+
 def run_shell(text, runner):
     """Run shell `text` (see the module docstring); return its exit status, or the status of the
     first of its Python programs that failed."""
+    _take_over_the_death_signal()
     read_end, write_end = os.pipe()  # a failing program's "STATUS PID" comes here
     ack_read, ack_write = os.pipe()  # ... and it waits for the reply: the shell is stopped
     env = dict(os.environ, **{STATUS_FD: f"{write_end},{ack_read}"})

@@ -121,19 +121,22 @@ def test_any_python_worker_program_that_fails_ends_the_job(how, fail, status, si
         assert "apport-like hook: RuntimeError" in out, out[-3000:]
 
 
+@pytest.mark.parametrize("shell", [False, True], ids=["program", "shell-command"])
 @pytest.mark.parametrize("role", ["server", "worker"])
-def test_a_killed_remote_py_takes_its_process_with_it(role, monkeypatch):
+def test_a_killed_remote_py_takes_its_process_with_it(role, shell, monkeypatch):
     """mpirun SIGKILLs a rank that has not ended 1 s after its TERM; a ``remote.py`` starved of
     CPU that long died before its handler killed the role's process, which runs in a session
     of its own and was left behind (a server waits forever; seen once under load in CI-like
     runs). Here one role's remote.py is SIGKILLed outright: the kernel ends its process too
-    (PR_SET_PDEATHSIG), and mpirun stops the rest of the job."""
+    (PR_SET_PDEATHSIG), with a shell command the shell and its programs as well, and mpirun
+    stops the rest of the job."""
     monkeypatch.setenv("PS_PROGRAM_STEPS", "100000")  # it runs until the kill ends it
+    program = [sys.executable, os.path.join(HERE, "ps_program.py")]
+    command = [shlex.join(program) + "; echo went-on"] if shell else program
     tag = uuid.uuid4().hex
     proc = tagged_launch(ps_launch("--launcher", "mpi", "-n", "2", "-s", "1",
                                    "--env", "HVDTRAIN_TEST_TAG", "--env", "PS_PROGRAM_STEPS",
-                                   sys.executable, os.path.join(HERE, "ps_program.py")),
-                         tag)
+                                   *command), tag)
     deadline = time.monotonic() + 120  # a bound for a busy machine, not a measurement
     while len(role_pids(tag, "worker")) < 2 or not role_pids(tag, "server"):
         if proc.poll() is not None or time.monotonic() > deadline:
