@@ -187,8 +187,11 @@ def test_a_signal_mid_epoch_costs_no_step_and_resume_auto_ends_as_an_uninterrupt
           f"ms, the save {save_s:.1f} s, 5 s), stopped at step {step}")
     assert seconds <= step_s + save_s + 5
     saved = re.findall(r"checkpoint saved: \S+/epoch-(\d+)-step-(\d+) ", out)
-    if "40steps" in extra:  # at steps 40, 80, 120 (a few later while a write still runs)
-        assert [int(s) // 40 for _, s in saved if int(s) < step] == [1, 2, 3], saved
+    if "40steps" in extra:  # at steps 40, 80, ... (a few later while a write still runs)
+        # Every multiple of 40 before the stop: the signal leaves the test at step 20 of
+        # epoch 2 (step 123) but may reach fast ranks after step 160 (CI's machine: 161).
+        assert [int(s) // 40 for _, s in saved if int(s) < step] == \
+            list(range(1, (step - 1) // 40 + 1)), saved
         assert all(int(s) % 40 < 5 for _, s in saved if int(s) < step), saved
     elif "0.2s" in extra:  # by rank 0's clock, which the other rank learned in the vote
         assert len([s for _, s in saved if int(s) < step]) >= 2, saved
