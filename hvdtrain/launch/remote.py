@@ -33,6 +33,7 @@ import threading
 # through runner.py (beside this file).
 SCHEDULER_PROCESS = [sys.executable, "-c", "import mxnet"]
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
+_PR_SET_PDEATHSIG = 1  # Linux's prctl option (command.py's too: this file imports no sibling)
 
 
 def dmlc_env(role, root_uri, root_port, num_servers, num_workers, node_host=None,
@@ -106,10 +107,9 @@ def _die_with_this_process():
     except (OSError, AttributeError):
         return None
     parent = os.getpid()
-    pr_set_pdeathsig = 1
 
     def preexec():
-        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
         if os.getppid() != parent:  # this process died before the prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
     return preexec

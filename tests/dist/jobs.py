@@ -195,6 +195,12 @@ def lower_priority_of_busy_threads_soon(tag):
     return lowered
 
 
+def parent_pid(pid):
+    """The parent of process `pid`, from /proc (OSError when it is gone)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
 def role_pids(tag, role):
     """Tagged pids whose environment has DMLC_ROLE=`role` (the role's own process: not the ssh
     relay, and not a child a worker starts, which inherits its environment for a moment)."""
@@ -203,7 +209,7 @@ def role_pids(tag, role):
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            ppid = parent_pid(pid)
         except (OSError, IndexError, ValueError):
             continue
         if f"DMLC_ROLE={role}".encode() in env and b"remote.py" not in cmd:

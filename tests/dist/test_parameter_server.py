@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from helpers import run_command, tool
-from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, reap,
-                  role_pids, run_ranks, tagged_launch, tagged_pids)
+from jobs import (DIGITS, JOB_TIMEOUT, assert_same_params, kill_tagged, launcher, parent_pid,
+                  reap, role_pids, run_ranks, tagged_launch, tagged_pids)
 from loopback_hosts import loopback_hosts
 
 pytestmark = pytest.mark.dist
@@ -144,7 +144,7 @@ def test_a_killed_remote_py_takes_its_process_with_it(role, shell, monkeypatch):
             pytest.fail(f"the job did not start (launcher: {proc.poll()})")
         time.sleep(0.2)
     victim = role_pids(tag, role)[0]
-    remote = int(open(f"/proc/{victim}/stat").read().rsplit(")", 1)[1].split()[1])
+    remote = parent_pid(victim)
     assert b"remote.py" in open(f"/proc/{remote}/cmdline", "rb").read()
     os.kill(remote, signal.SIGKILL)
     out = reap(proc, tag, timeout=60)  # a survivor fails here
