@@ -4,10 +4,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-fast test-unit test-dist bench clean
+.PHONY: install ecosystem demo test test-fast test-unit test-dist bench clean
 
 install:
 	bash scripts/install-deps.sh --venv $(VENV)
+
+# Test-only: GluonCV and GluonNLP, whose models, metrics, losses and samplers the suite runs
+# unchanged (tests/ecosystem-requirements.txt says why GluonCV goes in without its deps).
+ECOSYSTEM_PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+ecosystem: install
+	$(PY) -c "import gluoncv, gluonnlp" 2>/dev/null || { \
+	    $(ECOSYSTEM_PIP) -r tests/ecosystem-requirements.txt && \
+	    $(ECOSYSTEM_PIP) --no-deps gluoncv==0.10.5; }
 
 # The main job: 2 ranks on this machine, digits (bundled, no download).
 # It starts over in runs/demo each time and fails unless the final test accuracy is >= 0.95.
@@ -35,21 +43,21 @@ PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The suite starts about a thousand Python processes; with PYTHONDONTWRITEBYTECODE set (as
 # on CI's machines) each would compile hvdtrain's modules again: compile them once first.
 COMPILE := $(PY) -m compileall -q hvdtrain tests scripts examples > /dev/null
-test: install
+test: ecosystem
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not alone" tests
 	$(PYTEST) --durations=5 -n $(ALONE_WORKERS) --dist load -m alone tests
 
 # While iterating: everything but the tests marked `slow` (minutes each; CI still runs them).
-test-fast: install
+test-fast: ecosystem
 	$(COMPILE)
 	$(PYTEST) --durations=15 $(PARALLEL) -m "not slow and not alone" tests
 	$(PYTEST) --durations=5 -n $(ALONE_WORKERS) --dist load -m "alone and not slow" tests
 
-test-unit: install
+test-unit: ecosystem
 	$(PY) -m pytest -q -ra tests/unit
 
-test-dist: install
+test-dist: ecosystem
 	$(PY) -m pytest -q -ra tests/dist
 
 bench: install

@@ -188,6 +188,12 @@ class RunConfig:
     finite_check_every: int = option(
         10, "check every N steps that no rank's loss is NaN or infinite", group="output",
         range=POSITIVE)
+    replica_check: str = option(
+        "resync", "at each epoch's end and checkpoint the ranks compare a digest of every "
+        "array (weights on every device, optimizer state, running statistics); a difference "
+        "is named in one line and a metrics.jsonl record, then resync: every rank takes rank "
+        "0's values and trains on; strict: every rank stops (exit 1); off: no check "
+        "(docs/reliability.md)", group="output", choices=("resync", "strict", "off"))
     # The default, 10 minutes, leaves room for what a healthy GPU job does between two
     # steps: cuDNN autotuning on the first step and writing a large checkpoint.
     stall_timeout: float = option(

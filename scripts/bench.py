@@ -198,8 +198,8 @@ def main():
         for option, ratio in recipe["median_relative"].items():
             print(f"  {option}: throughput {ratio:.3f}, CPU time per sample "
                   f"{recipe['median_cpu_relative'][option]:.3f}")
-    print("\ninput pipeline, memory and predict (scripts/bench_images.py, bench_input_bound.py, "
-          "bench_predict.py):")
+    print("\ninput pipeline, memory, predict and the replica check (scripts/bench_images.py, "
+          "bench_input_bound.py, bench_predict.py, bench_replica_check.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
@@ -261,6 +261,12 @@ def measure_all(args, tmp, runs, results):
     images = runs.collect([runs.start([sys.executable, os.path.join(HERE, "bench_images.py"),
                                        "--images", "1024", "--threads", "1,2"])])
     results.images = images[0]["rows"]
+    results.write(complete=False)
+    # What the replica check costs at each epoch's end and save (hashing the model).
+    replicas = runs.collect([runs.start(
+        [sys.executable, os.path.join(HERE, "bench_replica_check.py")]
+        + (["--models", "resnet18_v1", "--rounds", "1"] if args.quick else []))])
+    results.images += replicas[0]["rows"]
     results.write(complete=False)
     # Is a run input-bound: resnet50_v1 at 224 on 2 ranks from RecordIO vs synthetic images.
     quick = ["--model", "resnet18_v1", "--steps", "4", "--images", "160", "--rounds", "1"]

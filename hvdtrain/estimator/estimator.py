@@ -36,6 +36,7 @@ from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
 from ..loop.recipe.ema import FINAL_EMA_PARAMS, WeightAverage
 from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
 from ..loop.run.outputs import build_outputs
+from ..loop.run.replica_check import ReplicaCheck
 from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..state.run_dir import RunDir
@@ -127,6 +128,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self._inside_epoch = False
         self._handlers = None
         self._watchdog = None  # the run's, while fit runs
+        self._replicas: Optional[ReplicaCheck] = None  # the run's, once fit has begun
 
     # --- who and where -------------------------------------------------------------------
 
@@ -310,10 +312,13 @@ class Estimator(mx_estimator.Estimator, RunHooks):
     def _run_parts(self, cfg, train_feed, outputs, state, watchdog, signals) -> RunParts:
         self.state = state
         describe = self.setup.describe or f"{type(self.net).__name__}"
+        self._replicas = ReplicaCheck(self.net, self.trainer, self.dist, cfg.replica_check,
+                                      lambda fields: outputs.metrics.write("replicas", **fields))
         return RunParts(self.net, self.trainer, self.context, self.dist, cfg, train_feed,
                         self, self.train_book, outputs, state, watchdog, self.policy, signals,
                         self._ema, base_lr=self._base_lr(cfg), prefixes=self.setup.prefixes,
-                        batch_axis=self.batch_axis, describe=describe)
+                        batch_axis=self.batch_axis, describe=describe,
+                        replicas=self._replicas)
 
     def _base_lr(self, cfg) -> Optional[float]:
         """The rate the schedule follows at this world size: the command's, or the
@@ -445,6 +450,9 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                              **{f"ema_{val}_samples": count})
 
     def save_model_files(self, param_file: str, trainer_file: str) -> None:
-        """A CheckpointHandler's save (:func:`~.saves.save_model_files`)."""
+        """A CheckpointHandler's save (:func:`~.saves.save_model_files`), after the ranks
+        compared their arrays (an epoch's end compared them already)."""
+        if self._replicas is not None and self._inside_epoch:
+            self._replicas.verify(f"a CheckpointHandler save ({param_file})", statistics=False)
         save_model_files(self.net, self.trainer, self.dist, self._inside_epoch, param_file,
                          trainer_file)

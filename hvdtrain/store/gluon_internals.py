@@ -11,7 +11,8 @@ save (:func:`host_arrays`, :func:`optimizer_states_later`), nor to say where the
 files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline),
 nor to give every rank AMP's loss scale for an update whether or not it ran a backward pass
 (:func:`set_loss_scale`), nor to tell a running statistic from a frozen weight
-(:func:`is_statistic`).
+(:func:`is_statistic`), nor to take back MKL-DNN's own layout of a weight
+(:func:`to_default_layout`).
 All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
 stay correct whatever the user does to parameters), so the private calls live here, behind a
 version check: a different MXNet fails loudly at import instead of training subtly wrong.
@@ -89,6 +90,24 @@ def bound_gradient_addresses(arrays: Sequence[mx.nd.NDArray]) -> List[Optional[i
         check_call(free(grad))
         addresses.append(data.value)
     return addresses
+
+
+def to_default_layout(arrays: Sequence[mx.nd.NDArray]) -> None:
+    """Give every one of `arrays` MXNet's default memory layout again, now.
+
+    MKL-DNN keeps a convolution's weight in a layout of its own after an inference pass
+    (``MKLDNNDataReorderAsync``). The next forward pass in training mode asks for the
+    default layout back from inside the running operator (``Reorder2DefaultAsync``), so
+    that reorder is queued on the weight after whatever the Python thread had already
+    pushed by then, the optimizer's update included: which of the two writes the weight
+    last depends on timing, and two ranks took different updates (docs/reliability.md,
+    "Replicas"). ``MXNDArrayGetData`` does the reorder through the engine and waits for it.
+    Call it only when nothing is pending on the arrays (after ``mx.nd.waitall()``): it
+    asks whether an array is in MKL-DNN's layout in the calling thread. Without MKL-DNN, or
+    on a GPU, an array is always in the default layout and nothing happens."""
+    address = ctypes.c_void_p()
+    for array in arrays:
+        check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
 
 
 def bound_gradient(param, device: int) -> Optional[mx.nd.NDArray]:
@@ -269,6 +288,13 @@ def optimizer_states(trainer) -> bytes:
     """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
     optimizer object itself (update counts, the learning-rate scheduler)."""
     return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
+
+
+def updater_states(trainer) -> List[dict]:
+    """`trainer`'s optimizer state on each of its devices: for each, a dict from a
+    parameter's position in the trainer to its state (an NDArray, None, or tuples of them;
+    absent before the parameter's first update)."""
+    return [updater.states for updater in trainer._updaters]  # pylint: disable=protected-access
 
 
 class StatesLater:

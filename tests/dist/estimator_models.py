@@ -13,7 +13,8 @@ RunConfig fields passed to the Estimator (``accumulate=2``, ``ema=0.9``,
 of epoch 1 raise BadSample: that rank runs no pass in it); ``sigterm_at_step=S`` (the last
 rank sends itself SIGTERM from a batch handler after step S, as Slurm would);
 ``stop_after_epoch=E`` (an epoch handler of the last rank alone asks to end training after
-epoch E, as an early-stopping rule that saw other figures would). Writes
+epoch E, as an early-stopping rule that saw other figures would); ``nudge_at_step=S`` (the
+last rank alone adds 1e-3 to its layer 0.weight after step S: one replica differs). Writes
 OUT_DIR/rank<R>-start.npz (rank 0: every array before the first step),
 OUT_DIR/rank<R>.npz (every array after, and the moving average's as ``ema:<name>``) and
 OUT_DIR/rank<R>.json (each metric's value as this rank reports it, the validation count,
@@ -99,6 +100,21 @@ class SigtermAt(BatchEnd):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class NudgeAt(BatchEnd):
+    """The last rank alone adds `amount` to its ``0.weight`` after optimizer step `step`:
+    a fault that makes one replica differ (a stand-in for a race, or a user's code that
+    changes one rank's model)."""
+
+    def __init__(self, step, amount=1e-3):
+        self.step, self.amount = step, amount
+
+    def batch_end(self, estimator, *args, **kwargs):
+        if estimator.rank == estimator.num_workers - 1 and estimator.state.step == self.step:
+            params = estimator.net._collect_params_with_prefix()  # pylint: disable=protected-access
+            weight = params["0.weight"]
+            weight.set_data(weight.data() + self.amount)
+
+
 class StopAfterEpoch(EpochEnd):
     """The last rank alone asks to end training after epoch `epoch` (counted from 1)."""
 
@@ -126,6 +142,7 @@ def main():
     unusable = options.pop("unusable_first_step", 0)
     sigterm_at = options.pop("sigterm_at_step", None)
     stop_after = options.pop("stop_after_epoch", None)
+    nudge_at = options.pop("nudge_at_step", None)
     mx.random.seed(SEED)
     net, loss, metrics, processor, train, val, shuffle, batchify = parts(model)
     net.initialize(mx.init.Xavier())
@@ -147,7 +164,8 @@ def main():
                   val_data=gluon.data.DataLoader(val, batch_size=BATCH, batchify_fn=batchify),
                   epochs=epochs, event_handlers=([] if sigterm_at is None else
                                                  [SigtermAt(sigterm_at)])
-                  + ([] if stop_after is None else [StopAfterEpoch(stop_after)]))
+                  + ([] if stop_after is None else [StopAfterEpoch(stop_after)])
+                  + ([] if nudge_at is None else [NudgeAt(nudge_at)]))
     arrays = {name: p.data().asnumpy()
               for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
     if estimator.ema is not None:

@@ -110,6 +110,8 @@ class Loop:
     context: Optional[object] = None
     batch_axis: int = 0
     hooks: BatchHooks = BatchHooks()
+    # Settles MKL-DNN's weight layouts after an inference pass, before a step (.layouts).
+    layouts: Optional[object] = None
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
@@ -152,6 +154,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             if end_asked and not counts.exchange:  # alone, the request needs no vote
                 ended = True
                 break
+            if loop.layouts is not None:  # an evaluation or a handler's prediction ran
+                loop.layouts.settle()
             if loop.lr_for_step is not None:
                 # The schedule follows the position in the epoch, so it does not depend on
                 # how many workers earlier epochs ran with.

@@ -95,9 +95,10 @@ class Boundary:
 
     def __init__(self, net, trainer, dist: DistContext, checkpointer, every, signals=None,
                  guard=None, clock: Callable[[], float] = time.monotonic, ema=None,
-                 before_save: Optional[Callable] = None):
+                 before_save: Optional[Callable] = None, replicas=None):
         self.net, self.trainer, self.dist = net, trainer, dist
         self.before_save = before_save
+        self.replicas = replicas  # the run's ReplicaCheck: every save compares the ranks
         self.checkpointer = checkpointer
         self.kind, self.amount = interval_of(every)
         self.signals = signals
@@ -164,6 +165,8 @@ class Boundary:
             self.guard.check(state.step, force=True)
         if self.before_save is not None:
             self.before_save(state)
+        if self.replicas is not None:  # each rank's running statistics are its own here
+            self.replicas.verify(f"the checkpoint at step {state.step}", statistics=False)
         statistics = self.ema.statistics() if self.ema is not None else []
         averages, ema_statistics = averaged_running_stats(self.net, self.dist, statistics)
         if self.checkpointer is not None:

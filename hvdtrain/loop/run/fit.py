@@ -22,6 +22,7 @@ from ...store.dist import DistContext
 from ..engine import precision
 from ..engine.epoch import BatchHooks, EpochStats, Loop, train_epoch
 from ..engine.guard import FiniteGuard
+from ..engine.layouts import InferenceLayouts
 from ..engine.metrics import MetricBook, record_name
 from ..engine.replicas import average_running_stats
 from ..engine.schedule import lr_at
@@ -29,6 +30,7 @@ from ..recipe.parts import Recipe, log_suffix
 from .boundary import Boundary
 from .decisions import after_steps
 from .outputs import Outputs, checkpoint, count_skipped, finish_writing, write_epoch
+from .replica_check import ReplicaCheck
 from .together import write_together
 
 logger = logging.getLogger("hvdtrain")
@@ -94,6 +96,7 @@ class RunParts:
     # Elastic training's hook: commit(state, point) (loop/elastic/fit.py).
     commit: Optional[Callable[[TrainState, str], None]] = None
     base_lr: Optional[float] = None  # the schedule's rate; None leaves the trainer's alone
+    replicas: Optional[ReplicaCheck] = None  # compares every rank's arrays at saves
     prefixes: Tuple[str, str] = ("train", "val")  # the record's names of the two splits
     batch_axis: int = 0
     describe: str = "the model"  # who trains on what, for the first log line
@@ -139,14 +142,17 @@ def fit(run: RunParts) -> dict:
                 cfg.max_steps, cfg.log_interval, show_progress, run.policy, run.watchdog,
                 cfg.accumulate, cfg.max_bad_samples, _split_size(feed), run.commit,
                 clipper=recipe.clipper, ema=recipe.ema, processor=hooks.processor,
-                context=hooks, batch_axis=run.batch_axis, hooks=hooks.batch_hooks)
+                context=hooks, batch_axis=run.batch_axis, hooks=hooks.batch_hooks,
+                layouts=InferenceLayouts([run.net, getattr(hooks, "val_net", None)],
+                                         run.net.collect_params().values()))
     # Saves and stops voted at step boundaries, in every run: an elastic one too, which
     # commits to memory before each save (a peer that times out waiting for it rolls back
     # to there).
     boundary = Boundary(
         run.net, run.trainer, dist, outputs.checkpointer, cfg.checkpoint_every, run.signals,
         loop.guard, ema=recipe.ema,
-        before_save=None if run.commit is None else lambda now: run.commit(now, "before save"))
+        before_save=None if run.commit is None else lambda now: run.commit(now, "before save"),
+        replicas=run.replicas)
     loop.boundary = boundary
     worker_batch = feed.batch_size
     logger.info("training %s: %d worker(s) x %d device(s) x batch %d%s = global batch %d, "
@@ -181,6 +187,8 @@ def fit(run: RunParts) -> dict:
             # Training stops here until the next epoch: what is evaluated now, checkpointed
             # below and saved at the end is one model, the same on every rank and device.
             average_running_stats(run.net, dist, recipe.statistics())
+            if run.replicas is not None:  # before anything is evaluated or saved
+                run.replicas.verify(f"the end of epoch {epoch + 1} (step {state.step})")
             run.train_book.reduce(dist)
             last = state.epoch + 1 >= epochs_in_all or (
                 cfg.max_steps is not None and state.step >= cfg.max_steps)
@@ -228,6 +236,8 @@ def fit(run: RunParts) -> dict:
         if outputs.checkpointer is not None:
             finish_writing(outputs.checkpointer, run.watchdog)
         raise
+    finally:
+        loop.layouts.close()
     hooks.train_end()
     total_time = time.perf_counter() - run_start
     end = {name: value for name, value in (last_record or {}).items()
@@ -309,6 +319,8 @@ def _stop_inside_epoch(run: RunParts, stats: EpochStats, record: dict, boundary:
         boundary.before_save(state)
     _gather(outputs, run.trainer, True)
     write_together(run.dist, write, f"step {state.step}")
+    if run.replicas is not None:
+        run.replicas.verify(f"the stop's checkpoint (step {state.step})", statistics=False)
     return record
 
 

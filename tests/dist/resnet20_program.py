@@ -1,0 +1,115 @@
+"""One rank of GluonCV's CIFAR ResNet-20 trained by hvdtrain's Estimator as GluonCV's CIFAR
+script trains it (hybridized, NAG with momentum 0.9 and weight decay 1e-4, GluonCV's
+RandomCrop(32, pad=4) and a flip, validation after each epoch), on CIFAR-shaped synthetic
+images, with MXNet's default threaded engine and MKL-DNN. It records a digest of every
+trained array after every step, for test_replica_drift.py.
+
+Usage: python resnet20_program.py OUT_DIR [OPTION=VALUE ...] (under a launcher)
+
+Options are RunConfig fields passed to the Estimator (numbers parsed) and the program's own:
+``epochs=N`` (3), ``train=N`` (512 images), ``model=NAME`` (GluonCV's model zoo name).
+Writes OUT_DIR/rank<R>.json: the digest of the trained arrays after each step, each
+validation accuracy this rank reported, and OUT_DIR/rank<R>.npz: every array at the end.
+"""
+import hashlib
+import json
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+from mxnet.gluon.data.vision import transforms
+
+from gluoncv.data import transforms as gcv_transforms
+from gluoncv.model_zoo import get_model
+
+from hvdtrain.estimator import BatchEnd, Estimator, EpochEnd
+
+BATCH, VAL, SEED = 16, 128, 7
+
+
+def value(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def images(count, seed):
+    """CIFAR-shaped uint8 images whose class shows as a brighter channel, and labels."""
+    rng = np.random.RandomState(seed)
+    labels = rng.randint(0, 10, count)
+    pixels = rng.randint(0, 160, (count, 32, 32, 3))
+    pixels[np.arange(count), :, :, labels % 3] += 8 * labels[:, None, None]
+    return gluon.data.ArrayDataset(mx.nd.array(pixels, dtype="uint8"),
+                                   labels.astype(np.float32))
+
+
+def trained_digest(net) -> str:
+    """A digest of the bytes of every trained array (not BatchNorm's running statistics,
+    which each rank moves with its own batches until the epoch's end), in a fixed order."""
+    digest = hashlib.sha256()
+    for name, param in sorted(net._collect_params_with_prefix().items()):  # pylint: disable=protected-access
+        if param.grad_req == "null":
+            continue
+        digest.update(name.encode())
+        digest.update(param.data().asnumpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class StepDigests(BatchEnd, EpochEnd):
+    """The digest of every array after each step and the validation accuracy at each
+    epoch's end, as this rank sees them."""
+
+    def __init__(self, net, val_metric):
+        self.net, self.val_metric = net, val_metric
+        self.digests, self.val = [], []
+
+    def batch_end(self, estimator, *args, **kwargs):
+        self.digests.append(trained_digest(self.net))
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.val.append(float(self.val_metric.get()[1]))
+
+
+def main():
+    out = sys.argv[1]
+    options = dict((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[2:]))
+    epochs = options.pop("epochs", 3)
+    train_size = options.pop("train", 512)
+    model = options.pop("model", "cifar_resnet20_v1")
+    mx.random.seed(SEED)
+    np.random.seed(SEED)
+    normalize = transforms.Normalize([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010])
+    train_transform = transforms.Compose([gcv_transforms.RandomCrop(32, pad=4),
+                                          transforms.RandomFlipLeftRight(),
+                                          transforms.ToTensor(), normalize])
+    val_transform = transforms.Compose([transforms.ToTensor(), normalize])
+    net = get_model(model, classes=10)
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "nag",
+                            {"learning_rate": 0.1, "wd": 1e-4, "momentum": 0.9})
+    train_metrics, val_metrics = mx.metric.Accuracy(), mx.metric.Accuracy()
+    estimator = Estimator(net, gluon.loss.SoftmaxCrossEntropyLoss(), train_metrics=train_metrics,
+                          val_metrics=val_metrics, trainer=trainer, **options)
+    val_metric = estimator.val_metrics[0]
+    watch = StepDigests(net, val_metric)
+    train = gluon.data.DataLoader(images(train_size, 1).transform_first(train_transform),
+                                  batch_size=BATCH, shuffle=True, last_batch="keep")
+    val = gluon.data.DataLoader(images(VAL, 2).transform_first(val_transform),
+                                batch_size=BATCH)
+    estimator.fit(train, val_data=val, epochs=epochs, event_handlers=[watch])
+    arrays = {name: p.data().asnumpy()
+              for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    np.savez(os.path.join(out, f"rank{estimator.rank}.npz"), **arrays)
+    with open(os.path.join(out, f"rank{estimator.rank}.json"), "w") as dump:
+        json.dump({"digests": watch.digests, "val": watch.val,
+                   "result": estimator.result}, dump)
+
+
+if __name__ == "__main__":
+    main()

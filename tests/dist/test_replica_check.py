@@ -1,0 +1,89 @@
+"""One model on every rank, verified: GluonCV's CIFAR ResNet-20 as its own script trains it
+(hybridized, NAG with weight decay, validation after each epoch, MXNet's threaded engine
+and MKL-DNN) stays identical on both ranks after every step; and the replica check names
+a difference made on one rank, in one line and a record, then re-syncs or stops.
+
+Before the fix (hvdtrain/loop/engine/layouts.py) the ResNet-20 ranks differed from the
+second step after the first validation in every run: MKL-DNN's change of a weight's
+layout back from its inference layout was queued behind the optimizer's update on one rank
+and before it on the other."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import run_command
+from jobs import HERE, JOB_TIMEOUT, assert_same_params, launcher
+
+pytestmark = pytest.mark.dist
+RESNET = os.path.join(HERE, "resnet20_program.py")
+MODELS = os.path.join(HERE, "estimator_models.py")
+
+
+def records(path, event):
+    return [r for r in map(json.loads, open(path)) if r["event"] == event]
+
+
+def test_gluoncv_resnet20_is_one_model_on_both_ranks_after_every_step(tmp_path):
+    """MXNet's default engine, as users run it: every trained array's digest after each of
+    the 48 steps is the same on both ranks, and so is every array at the end, running
+    statistics included; no difference was left for the replica check to find."""
+    out = tmp_path / "run"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MXNET_ENGINE_TYPE", "MXNET_MKLDNN_ENABLED")}
+    proc = run_command(launcher("ranks", 2) + [sys.executable, RESNET, str(out),
+                                               f"output_dir={out / 'outputs'}"],
+                       timeout=JOB_TIMEOUT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reports = [json.load(open(out / f"rank{r}.json")) for r in (0, 1)]
+    steps = reports[0]["digests"]
+    assert len(steps) == 48
+    differ = [i for i, (a, b) in enumerate(zip(steps, reports[1]["digests"])) if a != b]
+    assert not differ, f"the ranks' weights differ after steps {differ[:5]} (of 48)"
+    assert_same_params(*(dict(np.load(out / f"rank{r}.npz")) for r in (0, 1)))
+    assert reports[0]["val"] == reports[1]["val"]
+    assert not records(out / "outputs" / "metrics.jsonl", "replicas")
+    assert "replicas differ" not in proc.stdout
+
+
+def nudged_run(tmp_path, policy):
+    """The regression example at 2 ranks, 2 epochs of 6 steps, rank 1's ``0.weight``
+    nudged by 1e-3 after step 3; returns (the process, its folder)."""
+    out = tmp_path / policy
+    out.mkdir()
+    proc = run_command(launcher("ranks", 2) + [
+        sys.executable, MODELS, "regression", str(out), "nudge_at_step=3",
+        f"replica_check={policy}", f"output_dir={out / 'outputs'}"], timeout=JOB_TIMEOUT)
+    return proc, out
+
+
+def test_a_difference_on_one_rank_is_named_recorded_and_resynced(tmp_path):
+    proc, out = nudged_run(tmp_path, "resync")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    found = records(out / "outputs" / "metrics.jsonl", "replicas")
+    assert len(found) == 1, found  # once re-synced, the second epoch's end finds none
+    assert found[0]["where"] == "the end of epoch 1 (step 6)"
+    assert found[0]["ranks"] == [1] and found[0]["action"] == "resync"
+    # The nudged weight alone: its momentum follows the summed gradients (no weight decay).
+    assert found[0]["arrays"] == ["0.weight"], found[0]["arrays"]
+    assert 5e-4 < found[0]["max_difference"] < 2e-3
+    lines = [l for l in proc.stdout.splitlines() if "replicas differ" in l]
+    assert len(lines) == 1 and "[rank 0] WARNING" in lines[0], lines
+    assert "on rank 1" in lines[0] and "0.weight" in lines[0]
+    assert_same_params(*(dict(np.load(out / f"rank{r}.npz")) for r in (0, 1)))
+
+
+def test_under_strict_a_difference_stops_every_rank_with_one_line(tmp_path):
+    proc, out = nudged_run(tmp_path, "strict")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout
+    errors = [l for l in proc.stdout.splitlines() if "error: replicas differ at the end of "
+              "epoch 1 (step 6)" in l]
+    assert len(errors) == 2, proc.stdout[-3000:]  # one line on each rank
+    found = records(out / "outputs" / "metrics.jsonl", "replicas")
+    assert len(found) == 1 and found[0]["action"] == "strict"
+    assert not (out / "outputs" / "model.params").exists()
+    assert not (out / "rank0.npz").exists()  # fit did not return
