@@ -125,7 +125,9 @@ class RunConfig:
         group="optimisation", range=POSITIVE, metavar="MAX")
     # The seed is bounded by what MXNet's and numpy's generators take (seed + rank).
     seed: int = option(
-        42, "seeds shuffling, augmentation and initialisation", group="optimisation",
+        42, "seeds shuffling, augmentation, initialisation and each step's random numbers "
+        "(dropout: drawn from the seed, rank and step, so a resume draws what the run "
+        "never stopped drew)", group="optimisation",
         range=(0, 2 ** 31 - 1, False, False))
     max_steps: Optional[int] = option(
         None, "stop after this many optimizer steps in total", group="optimisation",

@@ -2,14 +2,17 @@
 
 :class:`ShardedLoader` keeps what the user's loader says about its batches (the batch size,
 ``batchify_fn``, the workers and their kind, pinned memory, ``last_batch``) and replaces only
-its sampler by :class:`~hvdtrain.data.sampler.SplitSampler`: each epoch's order is shuffled
-from (seed, epoch) when the loader shuffled (a ``RandomSampler``) and kept when it did not,
-padded to equal parts for training (every rank takes the same number of steps) and left
-unpadded for validation (every sample is scored once, on one rank), and resumed exactly
-inside an epoch (``set_epoch(epoch, processed)``). A loader whose batches come from a
-sampler of its own (a bucketing sampler, a weighted one) cannot be split this way and is
-refused in one line that says what to pass instead; so is ``last_batch='rollover'``, whose
-batches cross epochs.
+its sampler. A loader made with ``batch_size`` (its batches cut from a ``RandomSampler`` or a
+``SequentialSampler``) gets :class:`~hvdtrain.data.sampler.SplitSampler`: each epoch's order
+is shuffled from (seed, epoch) when the loader shuffled and kept when it did not, padded to
+equal parts for training (every rank takes the same number of steps) and left unpadded for
+validation (every sample is scored once, on one rank), and resumed exactly inside an epoch
+(``set_epoch(epoch, processed)``). A loader whose batches come from a batch sampler of its
+own (GluonNLP's ``FixedBucketSampler``, a ``BatchSampler`` over any other sampler) keeps its
+batches whole: each epoch's are drawn alike on every rank and dealt out by rank
+(:class:`~hvdtrain.data.batch_shards.BatchSplit`), padded and resumed the same way. Refused
+in one line that says what to pass instead: ``last_batch='rollover'``, whose batches cross
+epochs, and a batch sampler with no end.
 
 Unusable samples, the protocol a dataset can follow: its ``__getitem__`` raises
 :class:`~hvdtrain.data.errors.BadSample` (with a message naming the sample) for a sample that
@@ -24,6 +27,7 @@ from typing import Iterator, List, Optional
 
 from mxnet import gluon
 
+from .batch_shards import BatchSplit
 from .errors import BadSample, DatasetError
 from .sampler import SplitSampler
 
@@ -93,6 +97,13 @@ class EpochBatches(gluon.data.Sampler):
             return -(-len(self.sampler) // self.batch_size)
         return len(self.sampler) // self.batch_size
 
+    def positions(self, batch_number: int):
+        """(this rank's positions in its batch `batch_number`, counted from 1: the last may
+        be short; the positions of that step on all ranks together: full batches)."""
+        first = (batch_number - 1) * self.batch_size
+        return (min(self.batch_size, len(self.sampler) - first),
+                self.batch_size * self.sampler.num_parts)
+
 
 class ShardedLoader:
     """This rank's share of a Gluon DataLoader's batches, epoch by epoch (see the module).
@@ -114,10 +125,11 @@ class ShardedLoader:
 
     Attributes
     ----------
-    sampler : SplitSampler
-        Its ``set_epoch(epoch, processed)`` selects what the next iteration yields.
+    sampler : SplitSampler or BatchSplit
+        Its ``set_epoch(epoch, processed)`` selects what the next iteration yields, its
+        ``reshard(num_parts, part_index)`` the ranks.
     batch_size : int
-        Positions per batch.
+        Positions per batch (a batch sampler's: its first epoch's largest batch).
     skipped : list of str
         Why each unusable sample of the current epoch was left out, on this rank.
     """
@@ -125,33 +137,42 @@ class ShardedLoader:
     def __init__(self, loader: gluon.data.DataLoader, num_parts: int, part_index: int,
                  train: bool, seed: int = 0, mode: str = "strided"):
         batches = getattr(loader, "_batch_sampler", None)
-        inner = getattr(batches, "_sampler", None)
-        if type(batches) is not gluon.data.BatchSampler or type(inner) not in (  # pylint: disable=unidiomatic-typecheck
-                gluon.data.RandomSampler, gluon.data.SequentialSampler):
-            raise DatasetError(
-                f"this DataLoader draws its batches from a sampler of its own "
-                f"({type(inner or batches).__name__}), which hvdtrain cannot split over the "
-                f"ranks: pass the Dataset itself (with batch_size), or a DataLoader made with "
-                f"batch_size, shuffle and last_batch (hvdtrain splits each epoch's order over "
-                f"the ranks, padded to equal steps)")
-        last_batch = batches._last_batch  # pylint: disable=protected-access
-        if last_batch == "rollover":
+        if getattr(batches, "_last_batch", None) == "rollover":
             raise DatasetError("DataLoader(last_batch='rollover') carries batches across "
                                "epochs, which no rank can resume or split alike: use 'keep' "
                                "or 'discard'")
         dataset = loader._dataset  # pylint: disable=protected-access
         if len(dataset) == 0:
             raise DatasetError("the DataLoader's dataset is empty: nothing to train on")
-        self.batch_size = int(batches._batch_size)  # pylint: disable=protected-access
-        self.sampler = SplitSampler(len(dataset), num_parts, part_index,
-                                    shuffle=isinstance(inner, gluon.data.RandomSampler),
-                                    seed=seed, mode=mode if train else "strided", pad=train)
-        self.last_batch = last_batch if train else "keep"
         self.skipped: List[str] = []
         self.num_samples = len(dataset)
+        inner = getattr(batches, "_sampler", None)
+        if type(batches) is gluon.data.BatchSampler and type(inner) in (  # pylint: disable=unidiomatic-typecheck
+                gluon.data.RandomSampler, gluon.data.SequentialSampler):
+            # Batches cut from an order: the order is split (positions), then cut again.
+            self.batch_size = int(batches._batch_size)  # pylint: disable=protected-access
+            self.sampler = SplitSampler(len(dataset), num_parts, part_index,
+                                        shuffle=isinstance(inner, gluon.data.RandomSampler),
+                                        seed=seed, mode=mode if train else "strided", pad=train)
+            asked = batches._last_batch  # pylint: disable=protected-access
+            if asked == "discard" and not train:
+                # Discarding each shard's short batch would leave out samples that one
+                # process leaves in (its one short batch is elsewhere): every sample is scored.
+                logger.warning("the validation DataLoader's last_batch='discard' is not "
+                               "followed: each rank scores its whole share, so every sample "
+                               "is scored once (a short last batch included)")
+            self.last_batch = asked if train else "keep"
+            self._batches = EpochBatches(self.sampler, self.batch_size, self.last_batch)
+        else:
+            # Batches a sampler made (buckets): dealt out whole, strided by rank.
+            self.sampler = self._batches = BatchSplit(
+                batches, len(dataset), num_parts, part_index, seed=seed, pad=train,
+                shared=(dataset, loader))
+            self.batch_size, self.last_batch = self.sampler.batch_size, "keep"
+            self.num_samples = self.sampler.length
         self._loader = gluon.data.DataLoader(
             GuardedDataset(dataset),
-            batch_sampler=EpochBatches(self.sampler, self.batch_size, self.last_batch),
+            batch_sampler=self._batches,
             batchify_fn=CountingBatchify(loader._batchify_fn),  # pylint: disable=protected-access
             num_workers=loader._num_workers,  # pylint: disable=protected-access
             pin_memory=loader._pin_memory,  # pylint: disable=protected-access
@@ -162,6 +183,12 @@ class ShardedLoader:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    def batch_positions(self, batch_number: int):
+        """(the positions of the epoch's order this rank's batch `batch_number` of the
+        iteration consumed, counted from 1; those its step consumed on all ranks together):
+        what the engine counts a stop's place in the epoch and the unusable samples by."""
+        return self._batches.positions(batch_number)
 
     def __iter__(self) -> Iterator:
         self.skipped = []

@@ -7,7 +7,18 @@ ranks sum every step into the update's divisor (the global batch). A processor w
 MXNet's Estimator works unchanged when its batches are ``(data, label)`` or any structure
 whose first array has the samples along ``batch_axis``; one whose batches hold a
 different count (dicts whose first entry is not per sample, padded sequences counted
-otherwise) says so by overriding ``batch_samples``.
+otherwise) says so by overriding ``batch_samples`` (in samples, objects or tokens: the
+unusable samples are counted from what the loader left out, never from it).
+
+A processor whose loss divides its own gradient by a count of the batch (GluonCV's
+``SoftmaxCrossEntropyLoss`` at ``size_average=True``: the labels not ignored;
+``SSDMultiBoxLoss``: the positive anchors) would be divided by each rank's own count on N
+ranks. It says by what with an optional ``loss_divisor(batch, out)``: a number (every
+device part's gradient divided by it) or one per device part, a count >= 0, for every
+batch. The engine makes each rank's gradients sums again and divides the step by the counts
+summed over the ranks, so N ranks train as one process over the global batch
+(:mod:`hvdtrain.loop.engine.divisors`). GluonCV's losses are recognised without one
+(:mod:`hvdtrain.estimator.loss_divisors`).
 
 The default processor differs from MXNet's in two places, both for the distributed run:
 
@@ -34,13 +45,14 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def check_output(out, samples: int, who: str) -> None:
+def check_output(out, samples: int, who: str, counted: bool = True) -> None:
     """Refuse, in one line, a ``fit_batch``/``evaluate_batch`` result (`who` names it) that
     the engine cannot use: not (data, label, pred, loss); labels, predictions and losses in
-    different numbers of parts; or losses for another number of samples than the batch
-    holds (`samples`, its ``batch_samples``). The engine sums the losses into the epoch's
-    mean and divides the summed gradient by the step's sample count, so a loss must be one
-    value per sample: a loss averaged over the batch would shrink both by the batch size.
+    different numbers of parts; or (`counted`) losses for another number of samples than
+    the batch holds (`samples`, its ``batch_samples``). The engine sums the losses into the
+    epoch's mean and divides the summed gradient by the step's sample count, so a loss must
+    be one value per sample: a loss averaged over the batch would shrink both by the batch
+    size. Not `counted`: a batch whose loss divisor is 0, whose gradient counts for nothing.
     Shapes only: nothing waits for the device."""
     if not isinstance(out, (list, tuple)) or len(out) != 4:
         raise ConfigError(f"{who} must return (data, label, pred, loss), each a list with one "
@@ -50,6 +62,8 @@ def check_output(out, samples: int, who: str) -> None:
     if not len(label) == len(pred) == len(loss):
         raise ConfigError(f"{who} returned {len(label)} label, {len(pred)} prediction and "
                           f"{len(loss)} loss part(s): one of each per device part")
+    if not counted:
+        return
     counted = sum(int(part.shape[0]) if len(part.shape) else 1 for part in loss)
     if counted != samples:
         shapes = ", ".join(str(tuple(part.shape)) for part in loss)

@@ -9,8 +9,10 @@ event handlers. What changes is what a distributed run needs (docs/estimator.md)
 - a Trainer made as MXNet's examples make it (no store) is made to train on the run's store,
   in gradient buckets; each step divides the gradients summed over every rank by the
   global batch, the same number on every rank;
-- the metrics are summed over the ranks before any handler reads them at an epoch's end,
-  so logs, checkpoints and early stopping see the whole split's figures on every rank;
+- the metrics are reduced over the ranks before any handler reads them at an epoch's end
+  (each kind's state as :mod:`~hvdtrain.loop.engine.metric_states` says: counts, arrays,
+  records; :func:`register_metric_state` for a metric of your own), so logs, checkpoints
+  and early stopping see the whole split's figures on every rank;
 - rank 0 logs and writes; every rank's arrays are the same, BatchNorm's statistics included;
 - and everything a run of the ``hvdtrain`` command has: checkpoints with exact resume
   (``output_dir``, ``resume``), stop signals, elastic training, accumulation, the fp16
@@ -29,7 +31,8 @@ from mxnet.gluon.contrib.estimator.utils import _check_metrics
 
 from ..config import ConfigError
 from ..loop.engine.evaluate import evaluate
-from ..loop.engine.metrics import MetricBook, record_name
+from ..loop.engine.metric_states import MetricState, flat_metrics, register_metric_state
+from ..loop.engine.metrics import TRAIN_FIELDS, VAL_FIELDS, MetricBook
 from ..loop.engine.precision import Precision
 from ..loop.engine.schedule import effective_base_lr
 from ..loop.engine.trainer import broadcast_parameters, distributed_trainer
@@ -41,7 +44,7 @@ from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..state.run_dir import RunDir
 from ..state.train_state import TrainState
-from ..store.gluon_internals import skip_first_step_broadcast
+from ..store.gluon_internals import shape_deferred, skip_first_step_broadcast
 from .adapters import AverageMetrics, Handlers, Processor
 from .batch_processor import BatchProcessor
 from .event_handler import evaluate_handlers, fit_handlers
@@ -53,7 +56,7 @@ from .setup import (Setup, check_store_for_devices, default_context, dist_for, g
 
 logger = logging.getLogger("hvdtrain")
 
-__all__ = ["Estimator"]
+__all__ = ["Estimator", "MetricState", "register_metric_state"]
 
 
 class Estimator(mx_estimator.Estimator, RunHooks):
@@ -98,15 +101,18 @@ class Estimator(mx_estimator.Estimator, RunHooks):
             raise ConfigError(str(err)) from None
         self.dist = self.setup.dist or dist_for(self.config, store)
         self.policy = Precision(getattr(self.config, "dtype", "float32"), self.config.amp)
-        super().__init__(net, loss, train_metrics, val_metrics, initializer, trainer,
+        # A composite's metrics are the Estimator's (MXNet flattens one given alone).
+        super().__init__(net, loss, flat_metrics(train_metrics), flat_metrics(val_metrics),
+                         initializer, trainer,
                          context or default_context(self.dist), val_net, val_loss,
                          batch_processor or BatchProcessor())
         # Rank 0 logs; warnings and errors come from every rank.
         self.logger.setLevel(logging.INFO if self.dist.is_root else logging.WARNING)
         self.policy.check_devices(self.context)
         check_store_for_devices(self.config.kvstore, self.dist, self.context)
-        self.train_book = MetricBook(self.train_metrics, "training_metrics")
-        self.val_book = MetricBook(self.val_metrics, "validation_metrics")
+        # Each metric's state checked (refused in one line if the ranks cannot reduce it).
+        self.train_book = MetricBook(self.train_metrics, "training_metrics", TRAIN_FIELDS)
+        self.val_book = MetricBook(self.val_metrics, "validation_metrics", VAL_FIELDS)
         self.trainer = distributed_trainer(self.trainer, self.net, self.config, self.dist,
                                            self.policy.amp)
         if self.policy.amp:
@@ -167,8 +173,10 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         return None
 
     def update_metric(self, metric, labels, preds) -> None:
-        """``metric.update(labels, preds)``, and the exact sums its reduction over the ranks
-        needs (MAE, MSE, RMSE: :mod:`hvdtrain.loop.engine.metrics`)."""
+        """``metric.update(labels, preds)`` (a metric keeps what its reduction over the
+        ranks needs by its own update: :mod:`hvdtrain.loop.engine.metric_states`)."""
+        if isinstance(preds, (list, tuple)) and not preds:
+            return  # a step position where this rank had no sample (MXNet's F1 would count it)
         book = self._book_of(metric)
         if book is None:
             metric.update(labels, preds)
@@ -202,16 +210,20 @@ class Estimator(mx_estimator.Estimator, RunHooks):
                 finally:
                     self._watchdog = None
         except StoppedTogether as stop:
-            if self.setup.command:  # the command makes its exit status itself
-                raise
-            # Every rank stopped at the same point (a stop asked for, its checkpoint saved;
-            # or rank 0's failed write): each says its one line, they leave together, and
-            # the process ends with the status a scheduler reads (75: run it again). The
-            # line names the program's keywords (resume='auto'), not the command's flags.
-            if stop.line:
-                error_line(in_keywords(stop.line))
-            stop.leave()
-            raise SystemExit(stop.status) from None
+            self._leave(stop)
+
+    def _leave(self, stop: StoppedTogether) -> None:
+        """Every rank stopped at the same point (a stop asked for, its checkpoint saved;
+        rank 0's failed write; replicas that differ under replica_check='strict'): each
+        says its one line, they leave together, and the process ends with the status a
+        scheduler reads (75: run it again). The line names the program's keywords
+        (resume='auto'), not the command's flags; the command makes its exit itself."""
+        if self.setup.command:
+            raise stop
+        if stop.line:
+            error_line(in_keywords(stop.line))
+        stop.leave()
+        raise SystemExit(stop.status) from None
 
     def prepare(self, train_data, val_data=None, epochs=None, event_handlers=None,
                 batches=None, batch_axis=0):
@@ -385,7 +397,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
 
     def validation(self, evaluated: bool) -> Dict[str, Optional[float]]:
         val = self.setup.prefixes[1]
-        names = [record_name(m) for m in self.val_metrics]
+        names = self.val_book.names()
         if not (evaluated and self._evaluated):
             if self.val_feed is None:
                 return {}
@@ -407,6 +419,11 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         before the ``epoch_end`` handlers read them; as MXNet's ``Estimator.evaluate``. How
         many samples were scored, over every rank, is :attr:`val_count`."""
         feed = self.feeds.of(val_data, False, self.dist, self.config)
+        if self._watchdog is None:  # outside fit, nothing has made the ranks' models one
+            try:
+                self._one_model(feed, batch_axis)
+            except StoppedTogether as stop:
+                self._leave(stop)
         for metric in self.val_metrics:
             self.reset_metric(metric)
         handlers = self._prepare_default_validation_handlers(event_handlers)
@@ -426,6 +443,27 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         for handler in epoch_end:
             handler.epoch_end(self)
 
+    def _one_model(self, feed, batch_axis) -> None:
+        """Before an ``evaluate`` outside ``fit``: every rank scores one model. The ranks
+        may hold different weights (each initialised its own; no start-up broadcast ran),
+        so they are compared as at an epoch's end (shapes Gluon defers settled first by one
+        validation batch); what differs is rank 0's from then on, as ``replica_check``
+        says (docs/estimator.md)."""
+        if any(shape_deferred(p) for p in self.net.collect_params().values()):
+            feed.sampler.set_epoch(self.state.epoch)
+            batch = next((b for b in feed if self.processor.batch_samples(b, batch_axis)),
+                         None)
+            # Every rank runs the pass (a rank with no sample in its shard would not know
+            # the shapes): a shard of nothing scores nothing, and says so below.
+            if batch is not None:
+                self.processor.evaluate_batch(self, batch, batch_axis)
+            elif any(shape_deferred(p) for p in self.net.collect_params().values()):
+                raise ConfigError("evaluate(): this rank's share of the data holds no usable "
+                                  "sample, and the net's shapes are not known yet: run one "
+                                  "batch through the net (or load its parameters) first")
+        ReplicaCheck(self.net, self.trainer, self.dist, self.config.replica_check).verify(
+            "evaluate() before scoring")
+
     def evaluate_average(self, val_data, batch_axis=0) -> None:
         """With ``ema`` on: `val_data` scored again with the moving average in the model,
         into copies of the validation metrics (named "ema ..."; the record's fields
@@ -436,7 +474,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         metrics = [copy.deepcopy(m) for m in self.val_metrics]
         for metric in metrics:
             metric.name = "ema " + metric.name
-        book = MetricBook(metrics, "average_validation_metrics")
+        book = MetricBook(metrics, "average_validation_metrics", VAL_FIELDS)
         book.reset()
         feed.sampler.set_epoch(self.state.epoch)
         epoch, watchdog = self.state.epoch, self._watchdog

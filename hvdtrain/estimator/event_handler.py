@@ -16,16 +16,21 @@ distributed run changes:
   over the ranks), and the ``ema`` moving average beside the model when there is one.
 - ``CheckpointHandler``: MXNet's files and names, written by rank 0 alone, each file whole or
   not at all; inside an epoch, the BatchNorm statistics it saves are averaged over the ranks.
-  Every rank resumes from them (they must be visible to all). For a checkpoint that resumes
-  exactly inside an epoch (the sampler's position, the moving average, PowerSGD's state),
-  give the Estimator an ``output_dir`` instead.
+  Its decisions are taken alike on every rank (:mod:`.checkpoint_handler`): save best on a
+  value every rank shares, resume from rank 0's newest checkpoint, sent to every rank. MXNet's
+  own class, and a program's subclass of it, behave so too (``fit`` gives them this
+  behaviour). For a checkpoint that resumes exactly inside an epoch (the sampler's position,
+  the moving average, PowerSGD's state), give the Estimator an ``output_dir`` instead.
 - ``LoggingHandler`` and ``EarlyStoppingHandler`` are MXNet's: the Estimator's logger is
   quiet below WARNING on every rank but 0, and the metrics they read are the whole split's,
   the same on every rank, so early stopping is decided alike everywhere.
+
+Batch handlers run at every step position on every rank, one where this rank's batch held
+no usable sample included (:class:`~.adapters.Handlers`), so that whatever counts batches
+(``ValidationHandler``'s and ``CheckpointHandler``'s ``batch_period``, a program's own
+counter) counts alike on every rank.
 """
 from __future__ import annotations
-
-import os
 
 from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
 from mxnet.gluon.contrib.estimator.event_handler import (  # noqa: F401  (the API, re-exported)
@@ -34,6 +39,7 @@ from mxnet.gluon.contrib.estimator.event_handler import (  # noqa: F401  (the AP
 from mxnet.gluon.contrib.estimator.utils import _check_handler_metric_ref
 
 from ..config import ConfigError
+from .checkpoint_handler import CheckpointHandler, distributed
 
 
 __all__ = ["TrainBegin", "TrainEnd", "EpochBegin", "EpochEnd", "BatchBegin", "BatchEnd",
@@ -101,35 +107,14 @@ class ValidationHandler(mx_handlers.ValidationHandler):
             evaluate_average(self.val_data, estimator.batch_axis)
 
 
-class CheckpointHandler(mx_handlers.CheckpointHandler):
-    """MXNet's checkpoint files, written by rank 0 (see the module); every rank takes part in
-    each save and learns whether rank 0 could write it."""
-
-    def _save_symbol(self, estimator):
-        if estimator.rank == 0:
-            super()._save_symbol(estimator)
-
-    def _save_params_and_trainer(self, estimator, file_prefix):
-        param_file = os.path.join(self.model_dir, file_prefix + ".params")
-        trainer_file = os.path.join(self.model_dir, file_prefix + ".states")
-        estimator.save_model_files(param_file, trainer_file)
-        if "best" not in file_prefix:
-            self.saved_checkpoints.append(file_prefix)
-        if len(self.saved_checkpoints) > self.max_checkpoints:
-            oldest = self.saved_checkpoints.pop(0)
-            if estimator.rank == 0:
-                for name in os.listdir(self.model_dir):
-                    if name.startswith(oldest):
-                        os.remove(os.path.join(self.model_dir, name))
-
-
-
 def fit_handlers(estimator, val_data, event_handlers) -> list:
     """The handlers of a ``fit``: `event_handlers` and MXNet's defaults for what they leave
     out (the counters, the update's place, the metric updates, the validation, the log),
     in MXNet's order of priority. A handler that applies the update itself is refused: the
-    engine has applied it, over the global batch, when ``batch_end`` handlers run."""
-    event_handlers = _check_event_handlers(event_handlers)
+    engine has applied it, over the global batch, when ``batch_end`` handlers run. MXNet's
+    own ``CheckpointHandler`` (or a subclass) is given hvdtrain's behaviour: written by rank
+    0, decided alike on every rank."""
+    event_handlers = [distributed(handler) for handler in _check_event_handlers(event_handlers)]
     for handler in event_handlers:
         if isinstance(handler, mx_handlers.GradientUpdateHandler) and \
                 type(handler).batch_end is not GradientUpdateHandler.batch_end:

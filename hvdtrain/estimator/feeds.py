@@ -1,6 +1,6 @@
 """The data an Estimator is given, as the engine reads it: each object (a Gluon Dataset or
-DataLoader) made once into this rank's share of every epoch (:mod:`hvdtrain.data.reshard`),
-and split again when an elastic job's ranks change."""
+DataLoader, on any batch sampler) made once into this rank's share of every epoch
+(:mod:`hvdtrain.data.reshard`), and split again when an elastic job's ranks change."""
 from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
@@ -8,6 +8,7 @@ from typing import Dict, Optional, Tuple
 from mxnet import gluon
 
 from ..config import ConfigError, RunConfig
+from ..data.batch_shards import BatchSplit, check_same_draw
 from ..data.reshard import ShardedLoader, as_loader
 from ..store.dist import DistContext
 
@@ -22,9 +23,10 @@ class Feeds:
     def of(self, data, train: bool, dist: DistContext, config: RunConfig):
         """This rank's share of `data` for training (padded to equal steps, shuffled when a
         loader shuffled or when `data` is a Dataset) or validation (each sample once, on one
-        rank; every rank scores the whole split under ``dist_async``). hvdtrain's own
-        loaders, split already, are taken as they are; anything else is refused as MXNet's
-        Estimator refuses it."""
+        rank; every rank scores the whole split under ``dist_async``). A loader on a batch
+        sampler of its own keeps its batches whole, dealt out by rank, and every rank checks
+        once that it drew the same ones. hvdtrain's own loaders, split already, are taken as
+        they are; anything else is refused as MXNet's Estimator refuses it."""
         found = self._made.get((id(data), train))
         if found is not None:
             return found[1]
@@ -35,6 +37,11 @@ class Feeds:
             parts, part = (dist.num_workers, dist.rank) if dist.synchronous or train else (1, 0)
             loader = as_loader(data, config.batch_size, shuffle=train)
             feed = ShardedLoader(loader, parts, part, train, config.seed, config.sampling)
+            if isinstance(feed.sampler, BatchSplit) and parts > 1 and dist.synchronous \
+                    and not config.elastic:
+                # Every rank is here alike (a worker joining an elastic job is not; dist_async
+                # workers never meet at a collective).
+                check_same_draw(feed.sampler, dist)
         else:
             raise ConfigError("Estimator only support input as Gluon DataLoader or Dataset. "
                              "Alternatively, you can transform your DataIter or any NDArray "

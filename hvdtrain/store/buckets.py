@@ -216,6 +216,13 @@ class BucketedTrainer(gluon.Trainer):
                     "%d gradient buckets planned again", len(self.buckets))
         return True
 
+    def gather_gradients(self) -> None:
+        """Bring every gradient into its bucket now, as the exchange does first (planned
+        again if Gluon re-created them, copied in if backward wrote one elsewhere): for work
+        on :meth:`gradient_buffers` before the exchange (a loss divisor's scaling)."""
+        if not self.follow_gradients() and self.buckets:
+            self._copy_stray_gradients()
+
     def gradient_buffers(self, device: int = 0) -> List[mx.nd.NDArray]:
         """Arrays holding every gradient of the `device`-th context once: the buckets'
         flat buffers (each gradient is a view of one), or without buckets each parameter's

@@ -258,6 +258,12 @@ def store_of(trainer):
             trainer._contexts)  # pylint: disable=protected-access
 
 
+def sparse_gradient(param) -> bool:
+    """Whether backward writes `param`'s gradient as a row-sparse array
+    (``Embedding(sparse_grad=True)``, ``grad_stype='row_sparse'``)."""
+    return param._grad_stype != "default"  # pylint: disable=protected-access
+
+
 def is_statistic(param) -> bool:
     """Whether `param` is an array no gradient can ever reach, which each replica moves on
     its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's

@@ -14,7 +14,8 @@ of epoch 1 raise BadSample: that rank runs no pass in it); ``sigterm_at_step=S``
 rank sends itself SIGTERM from a batch handler after step S, as Slurm would);
 ``stop_after_epoch=E`` (an epoch handler of the last rank alone asks to end training after
 epoch E, as an early-stopping rule that saw other figures would); ``nudge_at_step=S`` (the
-last rank alone adds 1e-3 to its layer 0.weight after step S: one replica differs). Writes
+last rank alone adds 1e-3 to its layer 0.weight after step S: one replica differs);
+``dropout=P`` (the regression net with Dropout(P) after its first layer). Writes
 OUT_DIR/rank<R>-start.npz (rank 0: every array before the first step),
 OUT_DIR/rank<R>.npz (every array after, and the moving average's as ``ema:<name>``) and
 OUT_DIR/rank<R>.json (each metric's value as this rank reports it, the validation count,
@@ -37,15 +38,27 @@ import sequence  # noqa: E402
 import two_inputs  # noqa: E402
 from hvdtrain import BadSample  # noqa: E402
 from hvdtrain.estimator import BatchEnd, Estimator, EpochEnd  # noqa: E402
+from program_parts import options as options_of  # noqa: E402
 
 TRAIN, VAL, BATCH, EPOCHS, LR, SEED = 96, 40, 8, 2, 0.05, 3
 
 
-def parts(model):
+def with_dropout(net, rate):
+    """`net` with Dropout(`rate`) after its first layer (none when `rate` is 0)."""
+    if not rate:
+        return net
+    layers = list(net._children.values())  # pylint: disable=protected-access
+    dropped = gluon.nn.HybridSequential()
+    dropped.add(layers[0], gluon.nn.Dropout(rate), *layers[1:])
+    return dropped
+
+
+def parts(model, dropout=0.0):
     """(net, loss, train metrics, batch processor or None, train data, val data, shuffle,
-    batchify_fn) of `model`."""
+    batchify_fn) of `model`, the regression net with Dropout(`dropout`) if asked."""
     if model == "regression":
-        return (regression.make_net(), gluon.loss.L2Loss(), [mx.metric.RMSE()], None,
+        return (with_dropout(regression.make_net(), dropout), gluon.loss.L2Loss(),
+                [mx.metric.RMSE()], None,
                 gluon.data.ArrayDataset(*regression.make_data(TRAIN, 1)),
                 gluon.data.ArrayDataset(*regression.make_data(VAL, 2)), True, None)
     if model == "sequence":
@@ -126,25 +139,17 @@ class StopAfterEpoch(EpochEnd):
         return estimator.rank == estimator.num_workers - 1 and self.seen >= self.epoch
 
 
-def value(text):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def main():
     model, out = sys.argv[1], sys.argv[2]
-    options = dict((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[3:]))
+    options = options_of(sys.argv[3:])
     epochs = options.pop("epochs", EPOCHS)
     unusable = options.pop("unusable_first_step", 0)
     sigterm_at = options.pop("sigterm_at_step", None)
     stop_after = options.pop("stop_after_epoch", None)
     nudge_at = options.pop("nudge_at_step", None)
+    dropout = options.pop("dropout", 0.0)
     mx.random.seed(SEED)
-    net, loss, metrics, processor, train, val, shuffle, batchify = parts(model)
+    net, loss, metrics, processor, train, val, shuffle, batchify = parts(model, dropout)
     net.initialize(mx.init.Xavier())
     net(*first_batch(model, train, batchify))
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR,

@@ -8,8 +8,9 @@ Usage: python resnet20_program.py OUT_DIR [OPTION=VALUE ...] (under a launcher)
 
 Options are RunConfig fields passed to the Estimator (numbers parsed) and the program's own:
 ``epochs=N`` (3), ``train=N`` (512 images), ``model=NAME`` (GluonCV's model zoo name).
-Writes OUT_DIR/rank<R>.json: the digest of the trained arrays after each step, each
-validation accuracy this rank reported, and OUT_DIR/rank<R>.npz: every array at the end.
+Writes OUT_DIR/rank<R>.json: the digest of the trained arrays after each step and of every
+array at each epoch's end, the validation figures this rank reported at each epoch's end
+(``Accuracy``, ``Loss``), and OUT_DIR/rank<R>.npz: every array at the end.
 """
 import hashlib
 import json
@@ -25,17 +26,9 @@ from gluoncv.data import transforms as gcv_transforms
 from gluoncv.model_zoo import get_model
 
 from hvdtrain.estimator import BatchEnd, Estimator, EpochEnd
+from program_parts import options as options_of  # noqa: E402
 
 BATCH, VAL, SEED = 16, 128, 7
-
-
-def value(text):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def images(count, seed):
@@ -48,12 +41,20 @@ def images(count, seed):
                                    labels.astype(np.float32))
 
 
-def trained_digest(net) -> str:
-    """A digest of the bytes of every trained array (not BatchNorm's running statistics,
-    which each rank moves with its own batches until the epoch's end), in a fixed order."""
+def validation_set():
+    """The validation images as GluonCV's CIFAR script transforms them."""
+    normalize = transforms.Normalize([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010])
+    return images(VAL, 2).transform_first(transforms.Compose([transforms.ToTensor(),
+                                                              normalize]))
+
+
+def trained_digest(net, statistics=False) -> str:
+    """A digest of the bytes of every trained array (and with `statistics` BatchNorm's
+    running statistics, which each rank moves with its own batches until the epoch's end),
+    in a fixed order."""
     digest = hashlib.sha256()
     for name, param in sorted(net._collect_params_with_prefix().items()):  # pylint: disable=protected-access
-        if param.grad_req == "null":
+        if param.grad_req == "null" and not statistics:
             continue
         digest.update(name.encode())
         digest.update(param.data().asnumpy().tobytes())
@@ -61,23 +62,25 @@ def trained_digest(net) -> str:
 
 
 class StepDigests(BatchEnd, EpochEnd):
-    """The digest of every array after each step and the validation accuracy at each
-    epoch's end, as this rank sees them."""
+    """The digest of every trained array after each step; at each epoch's end the digest of
+    every array (running statistics included: averaged by then) and the validation figures,
+    as this rank sees them."""
 
-    def __init__(self, net, val_metric):
-        self.net, self.val_metric = net, val_metric
-        self.digests, self.val = [], []
+    def __init__(self, net, val_metrics):
+        self.net, self.val_metrics = net, val_metrics
+        self.digests, self.epoch_digests, self.val = [], [], []
 
     def batch_end(self, estimator, *args, **kwargs):
         self.digests.append(trained_digest(self.net))
 
     def epoch_end(self, estimator, *args, **kwargs):
-        self.val.append(float(self.val_metric.get()[1]))
+        self.epoch_digests.append(trained_digest(self.net, statistics=True))
+        self.val.append({m.name: float(m.get()[1]) for m in self.val_metrics})
 
 
 def main():
     out = sys.argv[1]
-    options = dict((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[2:]))
+    options = options_of(sys.argv[2:])
     epochs = options.pop("epochs", 3)
     train_size = options.pop("train", 512)
     model = options.pop("model", "cifar_resnet20_v1")
@@ -87,27 +90,27 @@ def main():
     train_transform = transforms.Compose([gcv_transforms.RandomCrop(32, pad=4),
                                           transforms.RandomFlipLeftRight(),
                                           transforms.ToTensor(), normalize])
-    val_transform = transforms.Compose([transforms.ToTensor(), normalize])
     net = get_model(model, classes=10)
     net.initialize(mx.init.Xavier())
     net.hybridize()
     trainer = gluon.Trainer(net.collect_params(), "nag",
                             {"learning_rate": 0.1, "wd": 1e-4, "momentum": 0.9})
-    train_metrics, val_metrics = mx.metric.Accuracy(), mx.metric.Accuracy()
-    estimator = Estimator(net, gluon.loss.SoftmaxCrossEntropyLoss(), train_metrics=train_metrics,
-                          val_metrics=val_metrics, trainer=trainer, **options)
-    val_metric = estimator.val_metrics[0]
-    watch = StepDigests(net, val_metric)
+    # GluonCV's CIFAR script's metrics, as MXNet's Fit API tutorial gives them.
+    estimator = Estimator(net, gluon.loss.SoftmaxCrossEntropyLoss(),
+                          train_metrics=[mx.metric.Accuracy(), mx.metric.Loss()],
+                          val_metrics=[mx.metric.Accuracy(), mx.metric.Loss()], trainer=trainer,
+                          **options)
+    watch = StepDigests(net, estimator.val_metrics)
     train = gluon.data.DataLoader(images(train_size, 1).transform_first(train_transform),
                                   batch_size=BATCH, shuffle=True, last_batch="keep")
-    val = gluon.data.DataLoader(images(VAL, 2).transform_first(val_transform),
-                                batch_size=BATCH)
+    val = gluon.data.DataLoader(validation_set(), batch_size=BATCH)
     estimator.fit(train, val_data=val, epochs=epochs, event_handlers=[watch])
     arrays = {name: p.data().asnumpy()
               for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
     np.savez(os.path.join(out, f"rank{estimator.rank}.npz"), **arrays)
     with open(os.path.join(out, f"rank{estimator.rank}.json"), "w") as dump:
-        json.dump({"digests": watch.digests, "val": watch.val,
+        json.dump({"digests": watch.digests, "epoch_digests": watch.epoch_digests,
+                   "val": watch.val, "val_count": estimator.val_count,
                    "result": estimator.result}, dump)
 
 

@@ -138,14 +138,16 @@ def test_the_run_options_keep_every_array_identical_with_a_rank_whose_first_step
     assert "made unusable by the test" in log and "Traceback" not in log
 
 
-def test_a_sigterm_mid_epoch_exits_75_and_the_resume_ends_as_an_uninterrupted_run(tmp_path):
-    """The regression model on 2 ranks with an output folder: the last rank is sent SIGTERM
-    after step 8 of 18 (in epoch 2 of 3), every rank stops with exit 75 and the stop's
-    checkpoint; run again with resume='auto', it ends with the arrays of a run never
-    stopped, bit for bit."""
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_sigterm_mid_epoch_exits_75_and_the_resume_ends_as_an_uninterrupted_run(
+        dropout, tmp_path):
+    """The regression model on 2 ranks with an output folder (and with Dropout(0.1), whose
+    masks come from MXNet's generator): the last rank is sent SIGTERM after step 8 of 18
+    (in epoch 2 of 3), every rank stops with exit 75 and the stop's checkpoint; run again
+    with resume='auto', it ends with the arrays of a run never stopped, bit for bit."""
     out = tmp_path / "stopped"
     out.mkdir()
-    run = ["output_dir=" + str(out / "run"), "epochs=3"]
+    run = ["output_dir=" + str(out / "run"), "epochs=3", f"dropout={dropout}"]
     proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, "regression",
                                                     str(out), *run, "sigterm_at_step=8"],
                        timeout=JOB_TIMEOUT)
@@ -156,7 +158,8 @@ def test_a_sigterm_mid_epoch_exits_75_and_the_resume_ends_as_an_uninterrupted_ru
     stop = records[-1]
     assert stop["event"] == "stop" and 9 <= stop["step"] < 12, stop  # inside epoch 2
     resumed_arrays, _, _, _ = train_ranks("regression", 2, out, run + ["resume=auto"])
-    whole, _, _, _ = train_ranks("regression", 2, tmp_path / "whole", ["epochs=3"])
+    whole, _, _, _ = train_ranks("regression", 2, tmp_path / "whole",
+                                 ["epochs=3", f"dropout={dropout}"])
     for name, value in whole[0].items():
         np.testing.assert_array_equal(resumed_arrays[0][name], value, err_msg=name)
 

@@ -11,11 +11,14 @@ import json
 import os
 import sys
 
+import mxnet as mx
 import numpy as np
 import pytest
 
 from helpers import run_command
 from jobs import HERE, JOB_TIMEOUT, assert_same_params, launcher
+
+import resnet20_program as resnet20
 
 pytestmark = pytest.mark.dist
 RESNET = os.path.join(HERE, "resnet20_program.py")
@@ -28,8 +31,10 @@ def records(path, event):
 
 def test_gluoncv_resnet20_is_one_model_on_both_ranks_after_every_step(tmp_path):
     """MXNet's default engine, as users run it: every trained array's digest after each of
-    the 48 steps is the same on both ranks, and so is every array at the end, running
-    statistics included; no difference was left for the replica check to find."""
+    the 48 steps is the same on both ranks, and so is every array at each epoch's end,
+    running statistics included; no difference was left for the replica check to find;
+    and the validation figures every rank reports (GluonCV's script's ``[Accuracy(),
+    Loss()]``) are MXNet's own Estimator's over the whole split in one process."""
     out = tmp_path / "run"
     out.mkdir()
     env = {k: v for k, v in os.environ.items()
@@ -43,10 +48,38 @@ def test_gluoncv_resnet20_is_one_model_on_both_ranks_after_every_step(tmp_path):
     assert len(steps) == 48
     differ = [i for i, (a, b) in enumerate(zip(steps, reports[1]["digests"])) if a != b]
     assert not differ, f"the ranks' weights differ after steps {differ[:5]} (of 48)"
-    assert_same_params(*(dict(np.load(out / f"rank{r}.npz")) for r in (0, 1)))
-    assert reports[0]["val"] == reports[1]["val"]
+    assert reports[0]["epoch_digests"] == reports[1]["epoch_digests"]  # statistics too
+    final = [dict(np.load(out / f"rank{r}.npz")) for r in (0, 1)]
+    assert_same_params(*final)
     assert not records(out / "outputs" / "metrics.jsonl", "replicas")
     assert "replicas differ" not in proc.stdout
+    # What every rank reports is the whole split's: MXNet's own Estimator in this process
+    # scores the final weights over every validation image.
+    accuracy, loss = one_process_validation(final[0])
+    for report in reports:
+        assert report["val_count"] == resnet20.VAL
+        assert report["val"][-1]["validation accuracy"] == accuracy, (report["val"], accuracy)
+        assert abs(report["val"][-1]["validation loss"] - loss) <= 1e-5 * loss
+
+
+def one_process_validation(arrays):
+    """(accuracy, mean loss) of GluonCV's ResNet-20 holding `arrays`, over the whole
+    validation split, by MXNet's own Estimator in one process."""
+    from gluoncv.model_zoo import get_model
+    from mxnet import gluon
+    from mxnet.gluon.contrib.estimator import Estimator as MXNetEstimator
+    net = get_model("cifar_resnet20_v1", classes=10)
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    for name, param in net._collect_params_with_prefix().items():  # pylint: disable=protected-access
+        param.set_data(mx.nd.array(arrays[name]))
+    metrics = [mx.metric.Accuracy(), mx.metric.Loss()]
+    estimator = MXNetEstimator(net, gluon.loss.SoftmaxCrossEntropyLoss(), val_metrics=metrics,
+                               context=mx.cpu())
+    estimator.logger.disabled = True
+    estimator.evaluate(gluon.data.DataLoader(resnet20.validation_set(),
+                                             batch_size=resnet20.BATCH))
+    return (float(estimator.val_metrics[0].get()[1]), float(estimator.val_metrics[1].get()[1]))
 
 
 def nudged_run(tmp_path, policy):

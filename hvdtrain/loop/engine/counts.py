@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import mxnet as mx
 
 from ...data.datasets import DatasetError
+from ...data.reshard import ShardedLoader
 from ...store.dist import DistContext
 
 EXAMPLES = 3  # unusable samples named in the error that ends a job
@@ -77,22 +78,68 @@ class StepCounts:
         self.exchange = exchange
         self._pending: Optional[mx.nd.NDArray] = None
         self._local: Tuple[int, int, Tuple[int, ...]] = (0, 0, ())
+        self._local_divisor: Optional[float] = None
+        # The step's loss divisor summed over the workers, set by result() when submitted
+        # with one (divisors.py): what the summed gradient is divided by besides the count.
+        self.divisor: Optional[float] = None
 
-    def submit(self, used: int, skipped: int, votes: Sequence[int] = ()) -> None:
-        """This rank's samples used and left out in the step about to finish, and its
-        `votes`; the sum over the workers starts now, in the background, when exchanged."""
-        self._local = (used, skipped, tuple(votes))
+    def submit(self, used: int, skipped: int, votes: Sequence[int] = (),
+               divisor: Optional[float] = None) -> None:
+        """This rank's samples used and left out in the step about to finish, its `votes`
+        and its loss `divisor` (None: per-sample losses); the sum over the workers starts
+        now, in the background, when exchanged."""
+        self._local, self._local_divisor = (used, skipped, tuple(votes)), divisor
         if self.exchange:
-            counts = mx.nd.array([used, skipped, *votes])  # float32: exact to 2**24 a step
+            if divisor is None:
+                counts = mx.nd.array([used, skipped, *votes])  # float32: exact to 2**24
+            else:  # valid pixels pass 2**24 in a batch: float64, exact to 2**53
+                counts = mx.nd.array([used, skipped, divisor, *votes], dtype="float64")
             self._pending = self.dist.sum_across_workers("step_counts", counts)
 
     def result(self) -> Tuple[int, int, Tuple[int, ...]]:
-        """(used, skipped, votes) of the step over all workers; waits for the sum if needed."""
+        """(used, skipped, votes) of the step over all workers, and ``divisor`` set; waits
+        for the sum if needed."""
         if self._pending is not None:
-            summed = [int(round(v)) for v in self._pending.asnumpy()]
+            values = self._pending.asnumpy().tolist()
             self._pending = None
+            if self._local_divisor is not None:
+                self.divisor = values.pop(2)
+            summed = [int(round(v)) for v in values]
             return summed[0], summed[1], tuple(summed[2:])
         # Not exchanged: every rank's batch has this size (an in-memory loader never leaves
         # a sample out), or there is one worker; a skip count and votes are this rank's own.
         used, skipped, votes = self._local
+        self.divisor = self._local_divisor
         return used * self.dist.num_workers, skipped, votes
+
+
+class LeftOut:
+    """How many samples the loader left out of each batch as unusable, from the loader's
+    own record of them, never from ``batch_samples`` (which a processor may count in
+    objects or tokens: a count of another unit than the positions the loader consumed).
+
+    - A resharded Gluon loader (:class:`~hvdtrain.data.reshard.ShardedLoader`) adds why each
+      sample was left out to its ``skipped`` list as it yields the batch: the list's growth
+      since the batch before.
+    - hvdtrain's streamed image loader decodes batches ahead in threads (its list grows
+      early), and its batches are ``(images, labels)`` with one row a sample read: the
+      positions the batch consumed less its rows.
+    - Any other loader (in memory) leaves nothing out.
+    """
+
+    def __init__(self, loader, batch_axis: int = 0):
+        self.loader, self.batch_axis = loader, batch_axis
+        self._listed = isinstance(loader, ShardedLoader)
+        self._rows = not self._listed and hasattr(loader, "skipped")
+        self._seen = 0  # the list's length after the last batch (a new iteration empties it)
+
+    def of(self, batch, positions: int) -> int:
+        """The samples left out of `batch`, which consumed `positions` of the epoch."""
+        if self._listed:
+            now = len(self.loader.skipped)
+            left, self._seen = now - self._seen, now
+            return left
+        if self._rows:
+            rows = 0 if batch is None else int(batch[0].shape[self.batch_axis])
+            return max(positions - rows, 0)
+        return 0

@@ -5,7 +5,8 @@ update: each update waits for the device, so steps are serialised by host syncs.
 :class:`mxnet.metric.EvalMetric` subclasses, usable wherever one is (handlers, ``get()``),
 that queue their arithmetic on the device instead: ``sum_metric`` is read (and waited for)
 only when asked, at log intervals and at an epoch's end, where the ranks sum them
-(:mod:`.metrics`). The sample counts come from shapes, which the host knows without waiting.
+(:mod:`.metrics`; their state is ``sum_metric`` and ``num_inst``, :data:`.metric_states.MEAN`).
+The sample counts come from shapes, which the host knows without waiting.
 
 Each carries a ``record_name`` (``acc``, ``top5``, ``loss``): its field in ``metrics.jsonl``
 after the split's prefix (``train_acc``, ``test_top5``).

@@ -9,12 +9,16 @@ count)``. The store *sums* gradients over workers and ``step`` divides by the sa
 contributed on all workers together (:class:`~hvdtrain.loop.engine.counts.StepCounts`), so
 the update uses the gradient averaged over the global batch, the same divisor on every rank
 even when a batch held fewer usable samples on one rank, and the learning rate is the rate
-for that batch. A rank (or a device) with no sample in a step runs no pass at all: its
-gradients are zeros, marked fresh (:func:`~.batches.settle_idle_devices`).
+for that batch. A loss that divides its own gradient by a count of the batch (the
+processor's ``loss_divisor``) has each rank's gradients multiplied by its count before the
+exchange and the step divided by the counts summed over the ranks too (:mod:`.divisors`).
+A rank (or a device) with no sample in a step runs no pass at all: its gradients are zeros,
+marked fresh (:func:`~.batches.settle_idle_devices`).
 
-Batch handlers (the Estimator's ``batch_begin``/``batch_end``) run around every batch that
-holds a sample; a ``batch_end`` that asks to end the epoch is agreed by the ranks through the
-next step's exchange (the step that carries the request is not applied) or, alone, at once.
+Batch handlers (the Estimator's ``batch_begin``/``batch_end``) run around every batch on
+every rank, one that holds no usable sample included (given as None); a ``batch_end`` that
+asks to end the epoch is agreed by the ranks through the next step's exchange (the step that
+carries the request is not applied) or, alone, at once.
 """
 from __future__ import annotations
 
@@ -27,8 +31,10 @@ import mxnet as mx
 
 from . import precision
 from .batches import clear_gradients, settle_idle_devices
-from .counts import StepCounts, check_bad_samples
+from .counts import LeftOut, StepCounts, check_bad_samples
+from .divisors import StepDivisors, as_parts, check_divisor
 from .guard import FiniteGuard
+from .step_seeds import seed_step
 from ...report.progress import progress_bar
 from ...runtime.watchdog import Watchdog
 from ...state import compression_state
@@ -66,11 +72,13 @@ class BatchHooks:
     default runs nothing."""
 
     def batch_begin(self, batch) -> None:
-        """Before the batch's forward pass."""
+        """Before the batch's forward pass; `batch` is None when it holds no usable sample
+        (there is no pass then)."""
 
     def batch_end(self, batch, out) -> bool:
         """After it (and after the step's update, on a step's last batch); `out` is the
-        processor's (data, label, pred, loss). True asks to end the epoch."""
+        processor's (data, label, pred, loss), None with `batch` when it held no usable
+        sample. True asks to end the epoch."""
         return False
 
 
@@ -112,6 +120,9 @@ class Loop:
     hooks: BatchHooks = BatchHooks()
     # Settles MKL-DNN's weight layouts after an inference pass, before a step (.layouts).
     layouts: Optional[object] = None
+    # The run's seed: MXNet's generators are seeded from it, the rank and the step before
+    # every step (.step_seeds); None leaves them alone.
+    seed: Optional[int] = None
 
 
 def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
@@ -135,13 +146,20 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     # Steps of this epoch run before a resume (none in an epoch started afresh).
     per_epoch = loop.steps_per_epoch or steps_left
     done = max(per_epoch - steps_left, 0)
-    ran, steps, step_used, step_skipped, skipped = 0, 0, 0, 0, 0
+    ran, steps, step_used, step_skipped, step_consumed, skipped = 0, 0, 0, 0, 0, 0
     step_loss = None  # this step's loss sum, added to the epoch's once the step is applied
     # Every rank's sample counts and its votes (save, stop, end the epoch) are summed once a
     # step in every synchronous run of several workers that votes, whatever the loader.
     boundary = loop.boundary
+    # A processor whose losses divide their own gradient by a count of the batch says by
+    # what (divisors.py): its gradients are made sums again and the step divides by the
+    # counts of every rank. Under dist_async each rank's update is its own batch's anyway.
+    divides = dist.synchronous and bool(getattr(loop.processor, "divides", hasattr(
+        loop.processor, "loss_divisor")))
+    divisors = StepDivisors(loop.trainer, params) if divides else None
+    left_out_of = LeftOut(loader, loop.batch_axis)  # the loader's unusable samples
     counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
-        boundary is not None or hasattr(loader, "skipped")))
+        boundary is not None or hasattr(loader, "skipped") or divides))
     end_asked, ended = False, False  # a batch handler asked to end the epoch
     start = time.perf_counter()
     for batch_number, batch in enumerate(loader, 1):
@@ -156,37 +174,48 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
                 break
             if loop.layouts is not None:  # an evaluation or a handler's prediction ran
                 loop.layouts.settle()
+            if loop.seed is not None:  # what this step draws, whether resumed or not
+                seed_step(loop.seed, dist.rank, state.step, loop.devices)
             if loop.lr_for_step is not None:
                 # The schedule follows the position in the epoch, so it does not depend on
                 # how many workers earlier epochs ran with.
                 loop.trainer.set_learning_rate(
                     loop.lr_for_step(state.epoch * per_epoch + done + steps))
         last_of_step = batch_number % accumulate == 0 or batch_number == micro_batches
-        # Positions of the epoch's order this batch consumed (the last batch may be short).
-        positions = min(loader.batch_size,
-                        len(loader.sampler) - (batch_number - 1) * loader.batch_size)
+        # Positions of the epoch's order this batch consumed (the last batch may be short),
+        # and those its step consumed on all ranks together.
+        positions, consumed = _positions(loader, batch_number, dist.num_workers)
         used = loop.processor.batch_samples(batch, loop.batch_axis)
         step_used += used
-        step_skipped += positions - used
-        if last_of_step:  # summed over the workers while this batch computes
+        # What the loader left out, not positions less `used`: a processor may count
+        # objects or tokens (batch_samples), not the positions a batch consumed.
+        step_skipped += left_out_of.of(batch, positions)
+        if last_of_step and divisors is None:  # summed over the workers while it computes
             votes = boundary.vote(end=end_asked) if boundary is not None else ()
             counts.submit(step_used, step_skipped, votes)
         out = None
+        # The batch handlers run at every position, one with no usable sample here too
+        # (batch and out None), so that what counts batches counts alike on every rank.
+        loop.hooks.batch_begin(batch if used else None)
         if used:
-            loop.hooks.batch_begin(batch)
             out = loop.processor.fit_batch(loop.context, batch, loop.batch_axis)
             batch_loss = _loss_sum(out[3], device)
             step_loss = batch_loss if step_loss is None else step_loss + batch_loss
             loop.guard.observe(batch_loss, state.step + 1)
+        if divisors is not None:  # known once fit_batch ran: the pass is still computing
+            _divide(loop, divisors, batch, out, last_of_step)
+            if last_of_step:
+                votes = boundary.vote(end=end_asked) if boundary is not None else ()
+                counts.submit(step_used, step_skipped, votes, divisor=divisors.take())
         # Positions of the epoch's order consumed, not samples trained on: a resume must
         # start after the unusable ones too.
-        state.epoch_samples += loader.batch_size * dist.num_workers
+        state.epoch_samples += consumed
+        step_consumed += consumed
         ran = batch_number
         if bar is not None:
             bar.update(1)
         if not last_of_step:
-            if out is not None:
-                end_asked |= bool(loop.hooks.batch_end(batch, out))
+            end_asked |= bool(loop.hooks.batch_end(batch if used else None, out))
             continue  # more micro-batches add to this step's gradients
         total_used, left_out, votes = counts.result()
         if boundary is not None and boundary.ends_epoch(votes):
@@ -194,8 +223,9 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             # here, with this step's counts. This step is not applied, and the epoch ends
             # where the handler asked.
             discard_gradients(params)
-            state.epoch_samples -= (batch_number - (batch_number - 1) // accumulate *
-                                    accumulate) * loader.batch_size * dist.num_workers
+            if divisors is not None:
+                divisors.discard()
+            state.epoch_samples -= step_consumed
             ran, ended = batch_number - ((batch_number - 1) % accumulate + 1), True
             break
         skipped += left_out
@@ -209,10 +239,12 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             settle_idle_devices(params, len(loop.devices))
         if dist.synchronous:
             # The gradients summed over the step's micro-batches and the workers: the
-            # update averages them over all the samples they came from, on every rank.
-            if total_used:
-                _update(loop, total_used, state.step + 1)
-            else:  # no sample anywhere: no update, but the run's step count goes on
+            # update averages them over all the samples they came from, on every rank
+            # (and, for losses that divide themselves, over every rank's divisor).
+            divisor = total_used * (counts.divisor if divisors is not None else 1)
+            if divisor:
+                _update(loop, divisor, state.step + 1)
+            else:  # no sample (or no count) anywhere: no update, the step count goes on
                 compression_state.step_skipped(loop.trainer)
         elif step_used:
             # Each push is applied alone, and MXNet fixes the servers' rescaling at the
@@ -222,7 +254,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             mark_gradients_used(params)
         if accumulate > 1:
             clear_gradients(loop.net)
-        step_used, step_skipped = 0, 0
+        step_used, step_skipped, step_consumed = 0, 0, 0
         steps += 1
         state.step += 1
         loop.guard.check(state.step)
@@ -236,8 +268,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             boundary.after_step(votes, state, last_of_epoch=batch_number == micro_batches)
         if loop.commit is not None and batch_number != micro_batches:
             loop.commit(state, "step")
-        if out is not None:
-            end_asked |= bool(loop.hooks.batch_end(batch, out))
+        end_asked |= bool(loop.hooks.batch_end(batch if used else None, out))
         _report(loop, bar, steps, done, per_epoch, loss_sum, samples, start)
     if bar is not None:
         bar.close()
@@ -255,6 +286,16 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     return EpochStats(loss=loss_total / max(seen, 1), samples=int(seen), seconds=seconds,
                       complete=ran == micro_batches and not ended, steps=steps,
                       skipped=skipped, epoch_skipped=state.epoch_skipped, ended=ended)
+
+
+def _positions(loader, batch_number: int, num_workers: int):
+    """(the positions of the epoch's order batch `batch_number` consumed on this rank; those
+    its step consumed on all ranks together). A feed whose batches differ in size (a batch
+    sampler's buckets) says (``batch_positions``); any other holds ``batch_size`` a batch."""
+    if hasattr(loader, "batch_positions"):
+        return loader.batch_positions(batch_number)
+    size = loader.batch_size
+    return min(size, len(loader.sampler) - (batch_number - 1) * size), size * num_workers
 
 
 def _report(loop: Loop, bar, steps: int, done: int, per_epoch: int, loss_sum, samples: int,
@@ -278,6 +319,25 @@ def _loss_sum(losses, device) -> mx.nd.NDArray:
     losses = losses if isinstance(losses, (list, tuple)) else [losses]
     parts = [l.sum().astype("float32").as_in_context(device) for l in losses]
     return mx.nd.add_n(*parts) if len(parts) > 1 else parts[0]
+
+
+def _divide(loop: Loop, divisors: StepDivisors, batch, out, last: bool) -> None:
+    """Give `divisors` what this micro-batch's gradient is divided by (the processor's
+    ``loss_divisor``), device by device; a rank that ran no pass adds nothing. A count of 0
+    scales by 1: a loss that had nothing to divide by left its gradient as it was (MXNet's
+    ``SoftmaxOutput`` and GluonCV's SSD loss divide by ``max(count, 1)``)."""
+    if out is None:
+        divisors.add([], 0.0, [], last)
+        return
+    losses = out[3] if isinstance(out[3], (list, tuple)) else [out[3]]
+    factors, count = as_parts(loop.processor.loss_divisor(batch, out), len(losses))
+    check_divisor(count, f"{type(loop.processor).__name__}.loss_divisor")
+    for factor in factors:
+        check_divisor(factor, f"{type(loop.processor).__name__}.loss_divisor")
+    devices = [loop.devices.index(part.context)
+               if getattr(part, "context", None) in loop.devices else i
+               for i, part in enumerate(losses)]
+    divisors.add([f if f else 1.0 for f in factors], count, devices, last)
 
 
 def _update(loop: Loop, samples: int, step: int) -> None:

@@ -1,99 +1,61 @@
 """Metrics reduced over the ranks: every rank reports the figures of the whole split, each
 sample counted once.
 
-An MXNet :class:`~mxnet.metric.EvalMetric` keeps a running sum and a count (``sum_metric``,
-``num_inst``, and the ``global_`` pair that ``reset_local`` leaves alone), and reports their
-ratio. Each rank updates its metrics with its own shard's batches; a :class:`MetricBook`
-sums every metric's pairs over the ranks, in one exact collective for all of them, and
-writes the totals back, so ``get()`` then says the same on every rank: what the metric would
-say over every rank's samples together. That is exact for every metric whose sum adds up
-over samples (accuracy, top-k, cross-entropy, perplexity, the loss, hvdtrain's device
-metrics, a user's own metric that follows the same protocol).
+Each rank updates its metrics with its own shard's batches; a :class:`MetricBook` reduces
+every metric's state over the ranks at the same point on every rank (an epoch's end, an
+evaluation's end) and writes the result back, so ``get()`` then says the same on every rank:
+what the metric would say over every rank's samples together. What a metric's state is,
+and how it is reduced, is :mod:`.metric_states`' registry: ``sum_metric`` and ``num_inst``
+for a mean (accuracy, top-k, cross-entropy, perplexity, the loss, hvdtrain's device metrics,
+a user's metric that adds to them), confusion counts, summed arrays or gathered records for
+the others. A composite's metrics are reduced one by one (its ``get()`` then reports them
+all). A metric whose state cannot be reduced is refused in one line when the book is made,
+before the first step.
 
-Two kinds do not follow it:
+The numbers travel in one exact float64 collective for the whole book (the sample counts of
+an evaluation with them); the arrays and records of the metrics that have them, pickled, in
+a second one.
 
-- MXNet 1.9.1's ``MAE``, ``MSE`` and ``RMSE`` add one value *per batch* (``num_inst += 1``):
-  their ratio is a mean of batch means, which depends on how the split was batched, and
-  RMSE's a mean of square roots. The book keeps their errors' sums per element instead
-  (queued on the device) and writes back the value over the whole split: the mean absolute
-  or squared error of every element, and its square root for RMSE.
-- ``F1``, ``MCC``, ``PearsonCorrelation`` and ``PCC`` keep state that no sum of pairs can
-  reduce (counts of a confusion, running moments); they are refused in one line.
+Each metric's fields in ``metrics.jsonl`` are named after it (:func:`record_name`), made
+unique within the book and never one of the run's own fields of the split (`reserved`:
+``loss``, ``samples``, ...): such a name gets ``_metric`` appended (``train_loss_metric``
+for ``mx.metric.Loss()``), and a name taken by an earlier metric ``_2``, ``_3``, ...
 """
 from __future__ import annotations
 
-import math
+import copy
+import pickle
 from typing import Dict, List, Sequence
 
 import mxnet as mx
 import numpy as np
-from mxnet import metric as mx_metric
 
 from ...config import ConfigError
 from ...store.dist import DistContext
-from .device_metrics import DeviceMetric
+from .metric_exchange import gather_bytes, merged, packed, sum_arrays, unpacked
+from .metric_states import field_name, fields_of, leaves, state_of, values_of
 
 COLLECTIVE_NAME = "metric_sums"
-PER_ELEMENT = {mx_metric.MAE: "absolute", mx_metric.MSE: "squared",
-               mx_metric.RMSE: "squared"}
-REFUSED = (mx_metric.F1, mx_metric.MCC, mx_metric.PearsonCorrelation, mx_metric.PCC)
-
-
-def check_reducible(metrics: Sequence) -> None:
-    """Refuse, in one line, a metric whose state the ranks cannot sum (see the module)."""
-    for metric in metrics:
-        if isinstance(metric, REFUSED):
-            raise ConfigError(
-                f"metric {metric.name!r} ({type(metric).__name__}) keeps state the ranks cannot "
-                f"sum (its counts or moments, not sum_metric and num_inst), so no rank could "
-                f"report it over the whole split: use metrics that add up over samples "
-                f"(Accuracy, TopKAccuracy, CrossEntropy, Loss, MAE, MSE, RMSE, or your own "
-                f"EvalMetric that adds to sum_metric and num_inst), or compute it from saved "
-                f"predictions after training")
+FIELDS = "_hvdtrain_fields"  # set on each metric: its fields in the book's records
+# The run's own fields of each split in metrics.jsonl and TensorBoard, after the split's
+# prefix (train_loss, train_samples, train_samples_per_sec, train_lr; val_samples).
+TRAIN_FIELDS = ("loss", "samples", "samples_per_sec", "lr")
+VAL_FIELDS = ("samples",)
 
 
 def record_name(metric) -> str:
-    """A metric's field name in ``metrics.jsonl``, after its split's prefix: its own
-    ``record_name`` (hvdtrain's metrics), else its name without the Estimator's "training"
-    or "validation" in front, in lower case with underscores ("rmse", "l2loss")."""
+    """A metric's (first) field name in ``metrics.jsonl``, after its split's prefix: the
+    one its book gave it, else its own ``record_name`` (hvdtrain's metrics), else its name
+    without the Estimator's "training" or "validation" in front, in lower case with
+    underscores ("rmse", "l2loss")."""
+    given = getattr(metric, FIELDS, None)
+    if given:
+        return given[0]
     own = getattr(metric, "record_name", None)
     if own:
         return own
     name = metric.name
-    for prefix in ("training ", "validation "):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    return "_".join(name.lower().replace("-", " ").split()) or "metric"
-
-
-class ElementErrors:
-    """Exact sums of an MAE, MSE or RMSE: absolute or squared errors, and elements."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self.reset()
-
-    def reset(self) -> None:
-        self.total = None  # NDArray (1,) on the first update's device
-        self.elements = 0
-
-    def update(self, labels, preds) -> None:
-        labels = labels if isinstance(labels, (list, tuple)) else [labels]
-        preds = preds if isinstance(preds, (list, tuple)) else [preds]
-        for label, pred in zip(labels, preds):
-            # As MXNet's own: a vector is a column; labels and predictions then broadcast.
-            if label.ndim == 1:
-                label = label.reshape((-1, 1))
-            if pred.ndim == 1:
-                pred = pred.reshape((-1, 1))
-            diff = mx.nd.broadcast_sub(label.astype("float32").as_in_context(pred.context),
-                                       pred.astype("float32"))
-            error = mx.nd.abs(diff) if self.kind == "absolute" else diff * diff
-            size = error.size
-            part = error.sum()
-            self.total = part if self.total is None else self.total + part.as_in_context(
-                self.total.context)
-            self.elements += size
+    return field_name(name[-1] if isinstance(name, (list, tuple)) else name)
 
 
 class MetricBook:
@@ -102,107 +64,155 @@ class MetricBook:
     Parameters
     ----------
     metrics : sequence of EvalMetric
-        Checked with :func:`check_reducible`.
+        Composites included; each kind checked against :mod:`.metric_states`.
     name : str
-        Names its collective, the same on every rank (a parameter server keeps one size
+        Names its collectives, the same on every rank (a parameter server keeps one size
         for each name: each book has its own).
+    reserved : sequence of str
+        The run's own field names of this split (without its prefix), which no metric may
+        take.
     """
 
-    def __init__(self, metrics: Sequence, name: str = COLLECTIVE_NAME):
+    def __init__(self, metrics: Sequence, name: str = COLLECTIVE_NAME,
+                 reserved: Sequence[str] = ()):
         self.metrics = list(metrics)
         self.name = name
-        check_reducible(self.metrics)
-        self._errors: Dict[int, ElementErrors] = {
-            id(m): ElementErrors(kind) for m in self.metrics
-            for cls, kind in PER_ELEMENT.items() if type(m) is cls}  # pylint: disable=unidiomatic-typecheck
+        self.leaves = [leaf for metric in self.metrics for leaf in leaves(metric)]
+        self.states = [state_of(leaf) for leaf in self.leaves]
+        taken = set(reserved)
+        self.fields: List[List[str]] = []
+        for leaf, state in zip(self.leaves, self.states):
+            if state.prepare is not None:
+                state.prepare(leaf)
+            for path in state.sums + state.arrays + state.records:
+                try:
+                    _get(leaf, path)
+                except AttributeError:
+                    raise ConfigError(f"metric {leaf.name!r} ({type(leaf).__name__}) has no "
+                                      f"{path!r}, which its registered state names") from None
+            names = [_unique(n, taken) for n in fields_of(leaf, state)]
+            setattr(leaf, FIELDS, names)
+            self.fields.append(names)
 
     def knows(self, metric) -> bool:
-        return any(metric is m for m in self.metrics)
+        return any(metric is m for m in self.metrics + self.leaves)
 
     def update(self, metric, labels, preds) -> None:
-        """``metric.update(labels, preds)``, and its exact error sums where it has them."""
+        """``metric.update(labels, preds)`` (what the metric's reduction needs is kept by
+        its own update, whoever calls it)."""
         metric.update(labels, preds)
-        errors = self._errors.get(id(metric))
-        if errors is not None:
-            errors.update(labels, preds)
 
     def reset(self) -> None:
         for metric in self.metrics:
-            self.reset_one(metric)
+            metric.reset()
 
     def reset_one(self, metric) -> None:
-        """Reset `metric` (one of the book's) and the exact sums kept beside it."""
         metric.reset()
-        errors = self._errors.get(id(metric))
-        if errors is not None:
-            errors.reset()
 
-    def reduce(self, dist: DistContext, extra: Sequence[float] = ()) -> List[float]:
-        """Sum every metric's sums (and `extra` numbers, e.g. sample counts) over the ranks
-        in one exact collective and write the totals back into the metrics; return the
-        summed `extra`. Every rank must call it at the same point, with the same metrics.
-        Under ``dist_async`` (no collective) each rank keeps its own."""
-        parts, layout = [], []
-        for metric in self.metrics:
-            errors = self._errors.get(id(metric))
-            if errors is not None:
-                parts += [_host(errors.total), float(errors.elements)]
-                layout.append(2)
-            elif isinstance(metric, DeviceMetric):
-                local, whole = metric.device_sums()
-                parts += [_host(local), float(metric.num_inst), _host(whole),
-                          float(metric.global_num_inst)]
-                layout.append(4)
-            else:
-                parts += [float(metric.sum_metric), float(metric.num_inst),
-                          float(metric.global_sum_metric), float(metric.global_num_inst)]
-                layout.append(4)
-        parts += [float(v) for v in extra]
-        if not parts:
-            return []
-        # float64: counts and sums stay exact far beyond float32's 2**24.
-        values = mx.nd.array(np.array(parts, np.float64), dtype="float64")
-        if dist.num_workers > 1 and dist.synchronous:
-            values = dist.sum_across_workers(self.name, values)
-        summed = values.asnumpy().tolist()
-        at = 0
-        for metric, size in zip(self.metrics, layout):
-            piece = summed[at:at + size]
-            at += size
-            if size == 2:
-                _set_element_errors(metric, *piece)
-            else:
-                metric.sum_metric, metric.num_inst = piece[0], _count(piece[1])
-                metric.global_sum_metric, metric.global_num_inst = piece[2], _count(piece[3])
-        return summed[at:]
+    def names(self) -> List[str]:
+        """Every field of the book's metrics, in order (without the split's prefix)."""
+        return [name for names in self.fields for name in names]
 
     def values(self) -> Dict[str, float]:
-        """Each metric's value by its record name (:func:`record_name`); NaN when it saw
-        nothing."""
-        return {record_name(m): float(m.get()[1]) for m in self.metrics}
+        """Each field's value (NaN for a metric that saw nothing)."""
+        out = {}
+        for leaf, state, names in zip(self.leaves, self.states, self.fields):
+            out.update(zip(names, values_of(leaf, state, len(names))))
+        return out
+
+    def reduce(self, dist: DistContext, extra: Sequence[float] = ()) -> List[float]:
+        """Reduce every metric's state over the ranks (and sum the `extra` numbers, e.g.
+        sample counts) and write it back into the metrics; return the summed `extra`. Every
+        rank must call it at the same point, with the same metrics. Under ``dist_async``
+        (no collective) and alone each rank keeps its own."""
+        together = dist.num_workers > 1 and dist.synchronous
+        gathered = together and any(state.gathered for state in self.states)
+        sums = [(leaf, path) for leaf, state in zip(self.leaves, self.states)
+                for path in state.sums]
+        held = [_get(leaf, path) for leaf, path in sums]
+        numbers = [_number(value) for value in held]
+        payload, lengths = b"", []
+        if gathered:
+            payload = pickle.dumps({i: ([_get(leaf, p) for p in state.arrays],
+                                        [packed(_get(leaf, p)) for p in state.records])
+                                    for i, (leaf, state) in enumerate(zip(self.leaves,
+                                                                          self.states))
+                                    if state.gathered}, protocol=4)
+            lengths = [0.0] * dist.num_workers
+            lengths[dist.rank] = float(len(payload))
+        parts = numbers + lengths + [float(v) for v in extra]
+        summed = parts
+        if parts and together:
+            # float64: counts and sums stay exact far beyond float32's 2**24.
+            values = mx.nd.array(np.array(parts, np.float64), dtype="float64")
+            summed = dist.sum_across_workers(self.name, values).asnumpy().tolist()
+        for (leaf, path), was, total in zip(sums, held, summed):
+            _set(leaf, path, _like(was, total))
+        if gathered:
+            at = len(numbers)
+            self._combine(gather_bytes(dist, self.name, payload,
+                                        [int(n) for n in summed[at:at + dist.num_workers]]))
+        for leaf, state in zip(self.leaves, self.states):
+            if state.after is not None:
+                state.after(leaf)
+        return summed[len(numbers) + len(lengths):]
+
+    def _combine(self, payloads: List[bytes]) -> None:
+        """Every rank's arrays summed and records merged, in rank order (the same result
+        on every rank), into this rank's metrics."""
+        ranks = [pickle.loads(p) for p in payloads]
+        for i, (leaf, state) in enumerate(zip(self.leaves, self.states)):
+            if not state.gathered:
+                continue
+            for k, path in enumerate(state.arrays):
+                _set(leaf, path, sum_arrays([r[i][0][k] for r in ranks], leaf, path))
+            for k, path in enumerate(state.records):
+                joined = unpacked(ranks[0][i][1][k])
+                for other in ranks[1:]:
+                    joined = merged(joined, unpacked(other[i][1][k]), leaf, path)
+                _set(leaf, path, joined)
 
 
-def _host(total) -> float:
-    if total is None:
-        return 0.0
-    if isinstance(total, mx.nd.NDArray):
-        return float(total.asscalar())
-    return float(total)
+def _unique(name: str, taken: set) -> str:
+    if name in taken:
+        name += "_metric"
+    base, count = name, 1
+    while name in taken:
+        count += 1
+        name = f"{base}_{count}"
+    taken.add(name)
+    return name
 
 
-def _count(value: float):
-    return int(round(value))
+def _get(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
-def _set_element_errors(metric, total: float, elements: float) -> None:
-    """Make an MAE, MSE or RMSE report the whole split's value per element."""
-    elements = _count(elements)
-    if not elements:
-        metric.reset()
+def _set(obj, path: str, value) -> None:
+    """Set a state, copying the objects on its path rather than changing them (F1's counts
+    object): a copy of a metric's attributes, taken before a reduction, then restores what
+    this rank had counted (checkpoint_handler.agreed_value)."""
+    first, _, rest = path.partition(".")
+    if not rest:
+        setattr(obj, first, value)
         return
-    value = total / elements
-    if isinstance(metric, mx_metric.RMSE):
-        value = math.sqrt(value)
-    # get() is sum_metric / num_inst: the count of elements and their mean times it.
-    metric.num_inst = metric.global_num_inst = elements
-    metric.sum_metric = metric.global_sum_metric = value * elements
+    inner = copy.copy(getattr(obj, first))
+    _set(inner, rest, value)
+    setattr(obj, first, inner)
+
+
+def _number(value) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, mx.nd.NDArray):
+        return float(value.asscalar())
+    return float(value)
+
+
+def _like(was, total: float):
+    """`total` as the kind of number the state held (a count stays an int)."""
+    if isinstance(was, (bool, int, np.integer)):
+        return int(round(total))
+    return float(total)

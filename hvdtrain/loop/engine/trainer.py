@@ -11,7 +11,8 @@ from mxnet import gluon
 from ...config import ConfigError, RunConfig
 from ...store.buckets import BucketedTrainer
 from ...store.dist import DistContext
-from ...store.gluon_internals import (asks_update_on_store, set_up_store, store_of,
+from ...store.gluon_internals import (asks_update_on_store, set_up_store, shape_deferred,
+                                      sparse_gradient, store_of, to_default_layout,
                                       trainer_compression,
                                       trainer_optimizer, trainer_params, trainer_started,
                                       updates_on_store)
@@ -72,8 +73,26 @@ def distributed_trainer(trainer, net, cfg: RunConfig, dist: DistContext,
     if trainer_compression(trainer):
         raise ConfigError("Trainer(compression_params=...) compresses for MXNet's own stores; "
                           "hvdtrain's wire is fp16_allreduce=True or compression='powersgd'")
+    check_dense_gradients(trainer_params(trainer), dist)
     return run_trainer(net, trainer_params(trainer), trainer_optimizer(trainer), None, cfg,
                        dist, amp)
+
+
+def check_dense_gradients(params: Sequence, dist: DistContext) -> None:
+    """Refuse, in one line, a parameter with sparse gradients (``Embedding(sparse_grad=True)``)
+    on the Horovod store: Horovod's MXNet collectives are dense, and MXNet's
+    lazy update of the rows a batch touched (momentum and weight decay for those rows alone)
+    is an update no dense exchange reproduces. Made with ``sparse_grad=False`` the layer
+    trains as MXNet trains any dense gradient (every row updated)."""
+    if getattr(dist.store, "type", None) != "horovod":  # MXNet's own stores pull rows
+        return
+    sparse = [param.name for param in params if sparse_gradient(param)]
+    if sparse:
+        raise ConfigError(
+            f"parameter {sparse[0]!r}{f' (and {len(sparse) - 1} more)' if len(sparse) > 1 else ''} "
+            f"has sparse gradients (Embedding(sparse_grad=True)); the ranks exchange dense "
+            f"gradients only: build the layer with sparse_grad=False (its gradient then "
+            f"travels whole, and every row is updated, docs/estimator.md)")
 
 
 def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
@@ -87,6 +106,15 @@ def broadcast_parameters(trainer: gluon.Trainer, batch_size: int) -> None:
     `batch_size` is what the first ``step`` will be given: when the servers run the
     optimizer (``dist_async``) they receive its gradient scaling now, and MXNet refuses a
     later change.
+
+    A program may have run an inference pass before (to settle shapes, or to look at its
+    model): MKL-DNN then holds convolution weights in a layout of its own, which the
+    broadcast cannot read ("ExecuteOperation Failed" in Horovod, MXNet's "We can't generate
+    TBlob for MKLDNN data"). Every parameter is given the default layout back first
+    (:mod:`.layouts`).
     """
+    mx.nd.waitall()
+    to_default_layout([array for param in trainer_params(trainer) if not shape_deferred(param)
+                       for array in param.list_data()])
     set_up_store(trainer, batch_size)
     mx.nd.waitall()

@@ -144,7 +144,8 @@ def fit(run: RunParts) -> dict:
                 clipper=recipe.clipper, ema=recipe.ema, processor=hooks.processor,
                 context=hooks, batch_axis=run.batch_axis, hooks=hooks.batch_hooks,
                 layouts=InferenceLayouts([run.net, getattr(hooks, "val_net", None)],
-                                         run.net.collect_params().values()))
+                                         run.net.collect_params().values()),
+                seed=cfg.seed)
     # Saves and stops voted at step boundaries, in every run: an elastic one too, which
     # commits to memory before each save (a peer that times out waiting for it rolls back
     # to there).
@@ -259,8 +260,9 @@ def _scalars(run: RunParts, record: dict) -> Dict[str, Optional[float]]:
     """An epoch's TensorBoard scalars: the training loss and every metric of both splits,
     the throughput and the learning rate."""
     train, val = run.prefixes
-    names = [f"{train}_loss"] + [f"{train}_{record_name(m)}" for m in run.train_book.metrics] \
-        + [f"{val}_{record_name(m)}" for m in getattr(run.hooks, "val_metrics", [])]
+    val_book = getattr(run.hooks, "val_book", None)  # the Estimator's
+    names = [f"{train}_loss"] + [f"{train}_{name}" for name in run.train_book.names()] \
+        + [f"{val}_{name}" for name in (val_book.names() if val_book is not None else [])]
     scalars = {name: record.get(name) for name in names}
     scalars.update({f"{train}_samples_per_sec": record["samples_per_sec"],
                     f"{train}_lr": record["lr"]})
@@ -276,7 +278,8 @@ def _record(run: RunParts, stats: EpochStats, recipe: Recipe, evaluated: bool,
             epoch: int) -> dict:
     """An epoch's (or a stop's) record: where, the training figures over every rank, the
     validation's (None each when not evaluated), the recipe's and the batch processor's,
-    and the unusable samples."""
+    and the unusable samples. The metrics' fields are their books' (never the run's own:
+    :mod:`~hvdtrain.loop.engine.metrics`)."""
     train, val = run.prefixes
     record = dict(epoch=epoch, step=run.state.step, **{f"{train}_loss": stats.loss},
                   **{f"{train}_{name}": value for name, value in run.train_book.values().items()},
@@ -317,10 +320,10 @@ def _stop_inside_epoch(run: RunParts, stats: EpochStats, record: dict, boundary:
 
     if boundary.before_save is not None:
         boundary.before_save(state)
-    _gather(outputs, run.trainer, True)
-    write_together(run.dist, write, f"step {state.step}")
     if run.replicas is not None:
         run.replicas.verify(f"the stop's checkpoint (step {state.step})", statistics=False)
+    _gather(outputs, run.trainer, True)
+    write_together(run.dist, write, f"step {state.step}")
     return record
 
 

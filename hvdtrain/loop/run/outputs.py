@@ -95,12 +95,14 @@ def count_skipped(stats, test_loader, dist: DistContext, epoch: int,
     the part before a stop and resume inside the epoch included), not what the loader
     decoded: at a stop it has decoded batches ahead that no step trained on, and trains
     them after the resume. The validation count is the evaluation's, None when the epoch
-    was not `evaluated` (a stop skipped it)."""
-    if not hasattr(test_loader, "skipped"):
-        return dict(skipped_train_samples=0, skipped_val_samples=0 if evaluated else None)
+    was not `evaluated` (a stop skipped it). Without a validation split, or with one whose
+    loader leaves nothing out, the validation count is 0 (None when not evaluated); the
+    training count is the steps' all the same."""
     train = int(stats.epoch_skipped)
     val = None
-    if evaluated:
+    if evaluated and not hasattr(test_loader, "skipped"):
+        val = 0
+    elif evaluated:
         mine = mx.nd.array([len(test_loader.skipped)])
         if dist.synchronous:
             mine = dist.sum_across_workers("skipped_samples", mine)
