@@ -156,6 +156,11 @@ class RunConfig:
         25.0, "gradients live in flat buckets of at most this many MiB, each reduced by one "
         "in-place allreduce as soon as backward fills it; 0: one allreduce per parameter "
         "(horovod store)", group="distribution", range=NON_NEGATIVE)
+    shard_optimizer: bool = option(
+        False, "each rank keeps and applies the optimizer state of 1/N of the elements "
+        "(ZeRO-1): the gradient buckets are reduce-scattered, each rank updates its slice, the "
+        "weights are all-gathered; same bytes on the wire, same weights "
+        "(docs/performance.md#sharded-optimizer-state)", group="distribution", kind="switch")
     elastic: bool = option(
         False, "survive lost and added hosts under horovodrun --min-np/--max-np "
         "--host-discovery-script: on a failure the others roll back to the last commit and "
@@ -432,6 +437,8 @@ def validate_run(cfg: RunConfig) -> None:
                           "--elastic, or drop it")
     check_compression(cfg)
     check_recipe(cfg)
+    if cfg.shard_optimizer:
+        check_shard_optimizer(cfg)
     if cfg.horovod_timeline and cfg.kvstore != "horovod":
         raise ConfigError("--horovod-timeline records Horovod's collectives: it needs "
                           "--kvstore horovod")
@@ -522,6 +529,35 @@ def check_elastic(cfg: RunConfig) -> None:
         raise ConfigError("--elastic with --output-dir needs --resume auto: a worker that "
                           "joins later, or a relaunch, must continue from the checkpoints "
                           "the job wrote, not refuse them")
+
+
+def check_shard_optimizer(cfg: RunConfig) -> None:
+    """What ``--shard-optimizer`` cannot be combined with yet, each refused in one line: the
+    sharded update takes exactly the flat bucket slices it reduce-scatters, one device per
+    rank, and its state lives on the ranks in slices (docs/performance.md)."""
+    refused = (
+        (cfg.kvstore != "horovod", f"--kvstore {cfg.kvstore}: it reduce-scatters through "
+                                   "Horovod; use --kvstore horovod"),
+        (not cfg.grad_bucket_mb, "--grad-bucket-mb 0: it slices the gradient buckets; give "
+                                 "--grad-bucket-mb above 0"),
+        (cfg.compression != "none", f"--compression {cfg.compression}: it exchanges whole "
+                                    "slices; drop one of them"),
+        (cfg.fp16_allreduce, "--fp16-allreduce: its slices travel in the gradients' own "
+                             "type; drop one of them"),
+        (cfg.amp, "--amp: AMP's overflow check reads whole gradients; drop one of them"),
+        (cfg.accumulate > 1, "--accumulate: not sharded yet; drop one of them"),
+        (cfg.clip_grad_norm is not None, "--clip-grad-norm: the global norm of sliced "
+                                         "gradients is not summed yet; drop one of them"),
+        (cfg.ema is not None, "--ema: not combined yet; drop one of them"),
+        (cfg.elastic, "--elastic: its commits copy the whole optimizer state; drop one of "
+                      "them"),
+        (cfg.output_dir is not None or cfg.resume is not None,
+         "--output-dir/--resume: checkpoints would hold one rank's slice of the optimizer "
+         "state; drop --output-dir (and --resume) or --shard-optimizer"),
+    )
+    for refuse, why in refused:
+        if refuse:
+            raise ConfigError(f"--shard-optimizer cannot be combined with {why}")
 
 
 def check_compression(cfg: RunConfig) -> None:

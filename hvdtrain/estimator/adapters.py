@@ -127,10 +127,14 @@ class Processor:
                               f"would leave the update divided by a scale never applied)")
         return out
 
-    def evaluate_batch(self, estimator, batch, batch_axis=0):
+    def evaluate_batch(self, estimator, batch, batch_axis=0, check=True):
+        """The processor's ``evaluate_batch``, its output checked unless `check` is False
+        (fit's pass that only settles the net's shapes: what it returns is not used, and a
+        mistake is then named by ``fit_batch``'s own check at the first step)."""
         out = self.processor.evaluate_batch(estimator, batch, batch_axis)
-        check_output(out, self.batch_samples(batch, batch_axis),
-                     f"{type(self.processor).__name__}.evaluate_batch")
+        if check:
+            check_output(out, self.batch_samples(batch, batch_axis),
+                         f"{type(self.processor).__name__}.evaluate_batch")
         return out
 
     def epoch_figures(self, epoch: int) -> dict:

@@ -107,7 +107,8 @@ def settle_shapes(estimator, train_feed) -> None:
     estimator.val_net, estimator.val_loss = net, estimator.loss
     try:
         with mx.autograd.train_mode():
-            estimator.processor.evaluate_batch(estimator, batch, estimator.batch_axis)
+            estimator.processor.evaluate_batch(estimator, batch, estimator.batch_axis,
+                                               check=False)
     finally:
         estimator.val_net, estimator.val_loss = val_net, val_loss
     mx.nd.waitall()

@@ -11,6 +11,7 @@ from mxnet import gluon
 from ...config import ConfigError, RunConfig
 from ...store.buckets import BucketedTrainer
 from ...store.dist import DistContext
+from ...store.sharded import ShardedTrainer
 from ...store.gluon_internals import (asks_update_on_store, set_up_store, shape_deferred,
                                       sparse_gradient, store_of, to_default_layout,
                                       trainer_compression,
@@ -47,9 +48,12 @@ def run_trainer(net, params: Sequence, optimizer, optimizer_params: Optional[dic
         # that update): the guard keeps it from poisoning PowerSGD's state for good.
         compression = PowerSGD(rank, start, not cfg.powersgd_no_error_feedback, seed=cfg.seed,
                                guard=amp)
-    return BucketedTrainer(list(params), optimizer, optimizer_params, kvstore=dist.store,
-                           update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb,
-                           compression=compression)
+    # --shard-optimizer: the same buckets, reduce-scattered; each rank updates its slice
+    # (store/sharded.py; what it is not combined with is refused by the configuration).
+    kind = ShardedTrainer if cfg.shard_optimizer else BucketedTrainer
+    return kind(list(params), optimizer, optimizer_params, kvstore=dist.store,
+                update_on_kvstore=update_on_kvstore, bucket_mb=cfg.grad_bucket_mb,
+                compression=compression)
 
 
 def distributed_trainer(trainer, net, cfg: RunConfig, dist: DistContext,
@@ -59,7 +63,8 @@ def distributed_trainer(trainer, net, cfg: RunConfig, dist: DistContext,
     reads them), in gradient buckets over ``dist.store``. A :class:`BucketedTrainer` already
     on that store is kept. Refused in one line: a trainer that has stepped already (its
     store is set up), that updates on its store, or that compresses for MXNet's own stores."""
-    if isinstance(trainer, BucketedTrainer):
+    if isinstance(trainer, BucketedTrainer) and \
+            isinstance(trainer, ShardedTrainer) == cfg.shard_optimizer:
         store, _ = store_of(trainer)
         if store is dist.store or (dist.store is None and store in (None, "none")):
             return trainer

@@ -1,0 +1,252 @@
+"""Sharded optimizer state (ZeRO-1): each rank keeps and applies the optimizer for ~1/N of
+the elements.
+
+:class:`ShardedTrainer` is a :class:`~.buckets.BucketedTrainer` whose exchange and update
+are split differently. Each step:
+
+1. each bucket's flat gradient buffer is *reduce-scattered* (summed, one Horovod call):
+   rank r receives the sum of its own slice only (:mod:`.shard_plan`: contiguous, balanced
+   within one element, Horovod's own split);
+2. rank r applies the user's optimizer object to its slice alone, cut into one piece per
+   parameter it touches (each a flat view of that parameter's weight, with the parameter's
+   own index: its ``lr_mult``/``wd_mult``, update count and rate schedule), scaled by the
+   Trainer's ``rescale_grad`` (the global sample count) as before; the optimizer state it
+   creates is that of its pieces, about 1/N of the model's;
+3. the bucket's updated slices are *all-gathered* into every rank's weights;
+
+bucket after bucket, every call queued in MXNet's engine and none waited for, through
+buffers made once (:mod:`.collectives_into`): one slice's and one bucket's worth per dtype
+(a bucket of one parameter gathers straight into its weights).
+
+A reduce-scatter and an all-gather move the bytes of one allreduce (which is exactly a
+reduce-scatter then an all-gather in a ring). What is updated is, element by element, what
+the unsharded Trainer updates, with the same elementwise kernels: the weights end equal
+(docs/performance.md, "Sharded optimizer state").
+
+The sharded state lives in an updater of this trainer's own (:attr:`shard_updater`), not in
+``Trainer._updaters``: what compares or copies the replicated state (the replica check,
+``save_states``) sees none, and ``save_states``/``load_states`` refuse rather than write or
+read a partial state. Only optimizers whose state and update are per element are taken
+(:data:`SHARDABLE`); one rank's pieces of a parameter get the parameter's multipliers, and
+no update reads another element.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import mxnet as mx
+from mxnet import optimizer as opt
+
+from ..config import ConfigError
+from .buckets import BucketedTrainer
+from .collectives_into import allgather_into, reducescatter_into
+from .shard_lamb import lamb_update
+from .shard_plan import Piece, plan_shards
+from .shard_state import NO_WHOLE_STATE, WholeStateRefused, state_bytes
+
+# Optimizers whose update of an element reads only that element (its weight, gradient and
+# state) and per-parameter scalars (rate, decay, update count): exact on any slice. LAMB
+# (a whole parameter's norms) is taken by shard_lamb.py; LARS/LBSGD (layer norms), Nadam (a
+# schedule advanced by every call), DCASGD/SGLD/Ftrl/Adamax and users' own classes are not.
+SHARDABLE = (opt.SGD, opt.NAG, opt.Adam, opt.RMSProp, opt.AdaGrad, opt.AdaDelta, opt.FTML,
+             opt.Signum)
+
+
+def check_shardable(optimizer) -> None:
+    """Refuse, in one line, an optimizer whose update is not per element (LAMB aside: its
+    norms are summed over the ranks, :mod:`.shard_lamb`)."""
+    if type(optimizer) not in SHARDABLE + (opt.LAMB,):  # pylint: disable=unidiomatic-typecheck
+        raise ConfigError(
+            f"shard_optimizer updates slices of parameters, exact only for optimizers whose "
+            f"state and update are per element ({', '.join(c.__name__ for c in SHARDABLE)}) "
+            f"and LAMB; {type(optimizer).__name__} is not one of them: use one, or drop "
+            f"shard_optimizer")
+
+
+class ShardedTrainer(BucketedTrainer):
+    """A :class:`~.buckets.BucketedTrainer` whose optimizer state is sharded over the ranks.
+
+    Parameters
+    ----------
+    *args, **kwargs
+        As :class:`~.buckets.BucketedTrainer` (``bucket_mb`` above 0, no ``compression``),
+        on the ``horovod`` store with ``update_on_kvstore=False``, one device per rank.
+
+    Attributes
+    ----------
+    shard_updater : mxnet.optimizer.Updater
+        The optimizer state of this rank's pieces, keyed by parameter position.
+    pieces : list of list of Piece
+        Per bucket, the pieces of parameters this rank updates.
+    """
+
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("compression") is not None:
+            raise ConfigError("shard_optimizer exchanges whole slices of the gradient "
+                              "buckets: drop compression='powersgd'")
+        self.pieces: List[List[Piece]] = []
+        self._weight_views: List[List[mx.nd.NDArray]] = []
+        self._slice_sizes: List[int] = []  # per bucket, the elements of this rank's slice
+        self._layout = None  # what the pieces were planned from
+        self._grad_slices: List[mx.nd.NDArray] = []  # per bucket, its slice's sum (a view)
+        self._gathered: List[mx.nd.NDArray] = []  # per bucket, where its weights gather
+        self._small: List[bool] = []
+        super().__init__(*args, **kwargs)
+        check_shardable(self._optimizer)
+        if len(self._contexts) > 1:
+            raise ConfigError("shard_optimizer shards one device's state per rank: run one "
+                              "rank per device (horovodrun -np <devices>)")
+        self.shard_updater = opt.get_updater(self._optimizer)
+        # The Trainer's own updater never runs; it holds no state, and refuses to save or
+        # load one (Trainer.save_states, a CheckpointHandler, an elastic commit) rather than
+        # write an empty state or load a whole one no slice would read.
+        self._updaters = [WholeStateRefused(self._optimizer)]
+
+    def _init_kvstore(self):
+        super()._init_kvstore()
+        store = self._kvstore
+        if store is None or store.type != "horovod" or self._update_on_kvstore:
+            raise ConfigError("shard_optimizer reduce-scatters through Horovod: it needs the "
+                              "horovod store with update_on_kvstore=False")
+        if not self.buckets and any(p.grad_req != "null" for p in self._params):
+            raise ConfigError("shard_optimizer slices the gradient buckets: bucket_mb must be "
+                              "above 0 and every gradient dense")
+
+    def _replan(self) -> None:
+        super()._replan()
+        store = self._kvstore
+        rank, ranks = (store.rank, store.num_workers) if store is not None else (0, 1)
+        sizes = [[self._params[i].list_data()[0].size for i in bucket]
+                 for bucket in self.buckets]
+        layout = ([list(b) for b in self.buckets], sizes, rank, ranks)
+        if self._layout is not None and layout != self._layout and self.shard_updater.states:
+            raise RuntimeError("shard_optimizer: the gradient buckets changed after the "
+                               "optimizer state was sliced (parameters re-created with other "
+                               "shapes or ranks); set grad_req, cast and reset_ctx before the "
+                               "first step")
+        self._layout = layout
+        self.pieces = plan_shards(self.buckets, sizes, rank, ranks)
+        self._slice_sizes = [sum(p.size for p in pieces) for pieces in self.pieces]
+        self._weight_views = [[self._params[p.param].list_data()[0].reshape(-1)[p.start:p.stop]
+                               for p in pieces] for pieces in self.pieces]
+        self._plan_buffers([sum(bucket_sizes) for bucket_sizes in sizes], ranks)
+
+    def _plan_buffers(self, totals: List[int], ranks: int) -> None:
+        """Made once a plan, per dtype: one buffer of the largest slice, that each bucket's
+        summed slice is reduce-scattered into in turn (it then sends the updated weights),
+        and one of the largest bucket of several parameters, that their weights are
+        gathered into (a bucket of one parameter gathers straight into its weights). MXNet's
+        engine orders each reuse after the last read."""
+        ctx = self._contexts[0]
+        # A bucket of fewer elements than ranks leaves some rank a slice of nothing, which
+        # MXNet cannot allocate: Horovod's own calls size those (a few elements a step).
+        self._small = [total < ranks for total in totals]
+        self._grad_slices, self._gathered = [], []
+        if ranks == 1:
+            return
+        dtypes = [flats[0].dtype for flats in self._flat_grads]
+        slices, gathers = {}, {}
+        for dtype, total, size, bucket in zip(dtypes, totals, self._slice_sizes, self.buckets):
+            slices[dtype] = max(slices.get(dtype, 1), size)
+            if len(bucket) > 1:
+                gathers[dtype] = max(gathers.get(dtype, 1), total)
+        slices = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in slices.items()}
+        gathers = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in gathers.items()}
+        for dtype, total, size, bucket in zip(dtypes, totals, self._slice_sizes, self.buckets):
+            self._grad_slices.append(slices[dtype][:max(size, 1)])
+            self._gathered.append(gathers[dtype][:total] if len(bucket) > 1 else
+                                  self._params[bucket[0]].list_data()[0].reshape(-1))
+        mx.nd.waitall()  # allocated before Horovod's thread sizes them
+
+    @property
+    def _ranks(self) -> int:
+        return self._kvstore.num_workers
+
+    def allreduce_grads(self):
+        """Refused: the sharded exchange reduces each rank's slice only, inside the update,
+        so no rank ever holds the whole reduced gradient (a norm, a clip, a check of it)."""
+        raise NotImplementedError("shard_optimizer reduce-scatters the gradients inside "
+                                  "step(): no rank holds the whole reduced gradient to work "
+                                  "on between allreduce_grads() and update(); call step(), "
+                                  "or drop shard_optimizer")
+
+    def _allreduce_grads(self):
+        # The exchange is the update's (each bucket reduce-scattered, updated and gathered
+        # in turn, through shared buffers): here, only the gradients brought into buckets.
+        self.follow_gradients()
+        if self.buckets:
+            self._copy_stray_gradients()
+
+    def _update(self, ignore_stale_grad=False):
+        # Gluon skips a parameter whose gradient is stale on this rank (ignore_stale_grad);
+        # here every rank updates slices of every parameter with the sum of every rank's
+        # gradients, so no rank can skip one alone: refused instead.
+        for param in self._params:
+            if param.grad_req == "null":
+                continue
+            for data in param.list_data():
+                if not data._fresh_grad:  # pylint: disable=protected-access
+                    raise UserWarning(
+                        f"Gradient of Parameter `{param.name}` on context {data.context} has "
+                        f"not been updated by backward since last `step`; with "
+                        f"shard_optimizer no rank can skip a parameter alone "
+                        f"(ignore_stale_grad): give every trained parameter a gradient each "
+                        f"step (grad_req='null' for those that take none), or drop "
+                        f"shard_optimizer")
+                data._fresh_grad = False  # pylint: disable=protected-access
+        self.shard_updater.optimizer = self._optimizer
+        for b in range(len(self.buckets)):
+            self._step_bucket(b)
+
+    def _step_bucket(self, b: int) -> None:
+        """Reduce-scatter bucket `b`, update this rank's slice of it, gather its weights:
+        each call queued (MXNet's engine runs them in order), none waited for."""
+        bucket, pieces, views = self.buckets[b], self.pieces[b], self._weight_views[b]
+        flat = self._flat_grads[b][0]
+        hvd = self._kvstore._hvd  # pylint: disable=protected-access
+        tag = f"{bucket[0]}" + (f".{self.replans}" if self.replans else "")
+        if self._ranks == 1:
+            grad = flat
+        elif self._small[b]:
+            grad = hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
+        else:
+            grad = self._grad_slices[b]
+            reducescatter_into(flat, grad, f"shard.reducescatter.{tag}", priority=-min(bucket))
+        indices = [piece.param for piece in pieces]
+        grads = [grad[piece.offset:piece.offset + piece.size] for piece in pieces]
+        if isinstance(self._optimizer, opt.LAMB):  # every rank: its norms are a collective
+            lamb_update(self._optimizer, self.shard_updater.states, indices, grads, views,
+                        len(self._params), lambda v: self._sum_over_ranks(v, tag),
+                        self._contexts[0])
+        elif indices:
+            self.shard_updater(indices, grads, views)
+        if self._ranks == 1:
+            return
+        for piece, view in zip(pieces, views):  # the slice's gradient is read: it now sends
+            view.copyto(grad[piece.offset:piece.offset + piece.size])
+        if self._small[b]:
+            whole = hvd.allgather(grad, name=f"shard.allgather.{tag}")
+        else:
+            whole = self._gathered[b]
+            allgather_into(grad, whole, f"shard.allgather.{tag}", priority=-min(bucket))
+            if len(bucket) == 1:
+                return  # gathered into the weights themselves
+        offset = 0
+        for i in bucket:
+            data = self._params[i].list_data()[0]
+            whole[offset:offset + data.size].reshape(data.shape).copyto(data)
+            offset += data.size
+
+    def _sum_over_ranks(self, vector: mx.nd.NDArray, tag: str) -> None:
+        if self._ranks > 1:
+            self._kvstore.sum_exact(f"shard.norms.{tag}", vector)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds."""
+        return state_bytes(self.shard_updater.states)
+
+    def save_states(self, fname):
+        raise NotImplementedError(NO_WHOLE_STATE)
+
+    def load_states(self, fname):
+        raise NotImplementedError(NO_WHOLE_STATE)

@@ -1,0 +1,129 @@
+"""One job of tests/dist/test_shard_optimizer.py: a tiny MLP trained by the Estimator with
+and without ``shard_optimizer``, for each optimizer and with or without one rank's whole
+first step unusable, every case from the same start.
+
+Usage: shard_program.py OUT_DIR. Writes OUT_DIR/rank<R>.npz (each case's final arrays as
+``<case>:<param>``, and the start as ``start:<param>``; cases named ``<optimizer>-<unusable>-<sharded>``) and OUT_DIR/rank<R>.json
+(per case: optimizer-state bytes and elements this rank holds, the model's elements, steps).
+"""
+import json
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from estimator_models import BATCH, Unusable, first_step_of_last_rank  # noqa: E402
+from hvdtrain import create_store  # noqa: E402
+from hvdtrain.estimator import Estimator  # noqa: E402
+from hvdtrain.store.sharded import ShardedTrainer  # noqa: E402
+
+TRAIN, FEATURES, EPOCHS, SEED = 96, 10, 2, 5
+TINY_FEATURES = 300  # its weight (1200 bytes) is a bucket of its own
+# Several buckets of at most 1 KiB (256 float32): slices that cut parameters and span them.
+BUCKET_MB = 1 / 1024
+OPTIMIZERS = {
+    "sgd": ("sgd", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}),
+    "nag": ("nag", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}),
+    "adam": ("adam", {"learning_rate": 0.01, "wd": 1e-3}),
+    "lamb": ("lamb", {"learning_rate": 0.01, "wd": 1e-3}),
+}
+
+
+def make_net(tiny=False):
+    """The MLP; `tiny`: one Dense(1) of 300 inputs instead, whose bias (1 element) is a
+    bucket of its own, smaller than the ranks (some rank's slice of it is empty)."""
+    net = gluon.nn.HybridSequential()
+    if tiny:
+        net.add(gluon.nn.Dense(1, in_units=TINY_FEATURES))
+        net.initialize(mx.init.Xavier())
+        return net
+    net.add(gluon.nn.Dense(24, activation="relu", in_units=FEATURES),
+            gluon.nn.Dense(24, activation="tanh", in_units=24),
+            gluon.nn.Dense(3, in_units=24))
+    net.initialize(mx.init.Xavier())
+    params = net._collect_params_with_prefix()  # pylint: disable=protected-access
+    # Per-parameter multipliers: a slice spanning parameters must apply each one's own.
+    params["0.weight"].lr_mult = 0.5
+    params["1.weight"].wd_mult = 3.0
+    for name, param in params.items():
+        if name.endswith("bias"):
+            param.wd_mult = 0.0
+    return net
+
+
+def make_data(tiny=False):
+    rng = np.random.default_rng(SEED)
+    if tiny:
+        x = rng.normal(size=(TRAIN, TINY_FEATURES)).astype(np.float32)
+        return gluon.data.ArrayDataset(mx.nd.array(x), mx.nd.array(x[:, :1] + 1))
+    x = rng.normal(size=(TRAIN, FEATURES)).astype(np.float32)
+    y = np.stack([x[:, :3].sum(1), np.tanh(x[:, 3:6]).sum(1), x[:, 6] * x[:, 7]], 1)
+    return gluon.data.ArrayDataset(mx.nd.array(x), mx.nd.array(y.astype(np.float32)))
+
+
+def run_case(store, start, optimizer, unusable, sharded, tiny=False):
+    net = make_net(tiny)
+    for name, param in net._collect_params_with_prefix().items():  # pylint: disable=protected-access
+        param.set_data(start[name])
+    name, params = OPTIMIZERS[optimizer]
+    trainer = gluon.Trainer(net.collect_params(), name, dict(params))
+    estimator = Estimator(net, gluon.loss.L2Loss(), trainer=trainer, store=store,
+                          shard_optimizer=sharded, grad_bucket_mb=BUCKET_MB,
+                          max_bad_samples="20%", seed=SEED)
+    train = make_data(tiny)
+    if unusable:
+        train = Unusable(train, first_step_of_last_rank(
+            len(train), estimator.num_workers, True, estimator.config.seed, 1))
+    estimator.fit(gluon.data.DataLoader(train, batch_size=BATCH, shuffle=True),
+                  epochs=EPOCHS)
+    arrays = {k: p.data().asnumpy()
+              for k, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    info = {"steps": estimator.state.step,
+            "elements": sum(int(a.size) for a in arrays.values())}
+    if isinstance(estimator.trainer, ShardedTrainer):
+        info["state_bytes"] = estimator.trainer.state_bytes()
+        info["state_elements"] = sum(
+            int(a.size) for state in estimator.trainer.shard_updater.states.values()
+            for a in (state if isinstance(state, (list, tuple)) else [state])
+            if a is not None)
+        info["buckets"] = len(estimator.trainer.buckets)
+        info["pieces"] = sum(len(p) for p in estimator.trainer.pieces)
+    return arrays, info
+
+
+def main():
+    out = sys.argv[1]
+    store = create_store("horovod", fuse_calls=False)
+    mx.random.seed(SEED)
+    first = make_net()
+    # The same on every rank, and each fit broadcasts rank 0's anyway.
+    start = {k: p.data().copy()
+             for k, p in first._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    saved = {f"start:{k}": v.asnumpy() for k, v in start.items()}
+    infos = {}
+    for optimizer in OPTIMIZERS:
+        for unusable in (0, 1):
+            for sharded in (False, True):
+                case = f"{optimizer}-{unusable}-{int(sharded)}"
+                arrays, infos[case] = run_case(store, start, optimizer, unusable, sharded)
+                saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    mx.random.seed(SEED)
+    tiny = {k: p.data().copy() for k, p in  # pylint: disable=protected-access
+            make_net(tiny=True)._collect_params_with_prefix().items()}
+    saved.update({f"start-tiny:{k}": v.asnumpy() for k, v in tiny.items()})
+    for sharded in (False, True):
+        case = f"tiny-0-{int(sharded)}"
+        arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
+        saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    np.savez(os.path.join(out, f"rank{store.rank}.npz"), **saved)
+    with open(os.path.join(out, f"rank{store.rank}.json"), "w") as f:
+        json.dump({"rank": store.rank, "ranks": store.num_workers, "cases": infos}, f)
+
+
+if __name__ == "__main__":
+    main()
