@@ -12,10 +12,15 @@ others hear nothing and their watchdogs fire after ``--stall-timeout``.
 
 The pulse ends only after a round in which every rank has finished: the result of a round
 is the same on every rank, so all leave after the same round and none waits for a round
-the others will never join.
+the others will never join. After an error (a ``fit`` that raised) a rank waits two rounds
+for that; then it leaves its pulse alone, which makes no round again. Each pulse has a
+collective of its own (``hvdtrain.pulse.<n>``, the n-th of the process, the same on every
+rank: the ranks start their fits in step), so a pulse left in a round by a failed ``fit``
+never meets the next ``fit``'s.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from typing import Callable, List, Optional
@@ -47,6 +52,8 @@ class JobPulse:
         Seconds between rounds.
     """
 
+    _started = itertools.count()  # pulses this process started: each one's collective name
+
     def __init__(self, watchdog: Watchdog, exchange: Callable[[np.ndarray], np.ndarray],
                  rank: int, num_workers: int, interval: float):
         self.watchdog = watchdog
@@ -55,6 +62,7 @@ class JobPulse:
         self.num_workers = num_workers
         self.interval = interval
         self._finished = threading.Event()
+        self._abandoned = threading.Event()  # a failed fit: make no further round
         self._last_counts: Optional[List[int]] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -68,9 +76,11 @@ class JobPulse:
                 not hasattr(dist.store, "sum_exact"):
             return None
 
+        name = f"{PULSE_NAME}.{next(cls._started)}"
+
         def exchange(vector):
             import mxnet as mx  # pylint: disable=import-outside-toplevel
-            return dist.sum_across_workers(PULSE_NAME, mx.nd.array(vector)).asnumpy()
+            return dist.sum_across_workers(name, mx.nd.array(vector)).asnumpy()
 
         watchdog.pulse = cls(watchdog, exchange, dist.rank, dist.num_workers,
                              interval=min(5.0, watchdog.timeout / 6))
@@ -90,6 +100,15 @@ class JobPulse:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
+
+    def abandon(self, wait: float) -> bool:
+        """After an error: say this rank has finished and wait up to `wait` seconds for a
+        round in which every rank has (all of them failed alike); else make no further
+        round. Returns whether the pulse ended in step with the others."""
+        if self.finish(wait):
+            return True
+        self._abandoned.set()
+        return False
 
     def vector(self) -> np.ndarray:
         """This rank's part of a round: zeros except for its own fields."""
@@ -115,7 +134,7 @@ class JobPulse:
 
     def _run(self) -> None:
         try:
-            while True:
+            while not self._abandoned.is_set():
                 if self.observe(np.asarray(self._exchange(self.vector()))):
                     return
                 self._finished.wait(self.interval)

@@ -168,9 +168,15 @@ class Watchdog:
 
     def stop(self, finish_pulse: bool = True) -> None:
         """Stop watching; with `finish_pulse`, first wait (still watched) until every rank
-        has finished, so no rank is left in a pulse round the others never join."""
-        if self.pulse is not None and finish_pulse:
-            self.pulse.finish()
+        has finished, so no rank is left in a pulse round the others never join. Without
+        (after an error, when the others may never finish) the pulse waits two of its
+        rounds for them and is then left to make no further round: a ``fit`` that raised
+        on every rank alike leaves no pulse behind."""
+        if self.pulse is not None:
+            if finish_pulse:
+                self.pulse.finish()
+            else:
+                self.pulse.abandon(2 * self.pulse.interval)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
