@@ -36,9 +36,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 import regression  # noqa: E402
 import sequence  # noqa: E402
 import two_inputs  # noqa: E402
-from hvdtrain import BadSample  # noqa: E402
 from hvdtrain.estimator import BatchEnd, Estimator, EpochEnd  # noqa: E402
-from program_parts import options as options_of  # noqa: E402
+from program_parts import Unusable, options as options_of  # noqa: E402
 
 TRAIN, VAL, BATCH, EPOCHS, LR, SEED = 96, 40, 8, 2, 0.05, 3
 
@@ -76,21 +75,6 @@ def first_batch(model, data, batchify):
     loader = gluon.data.DataLoader(data, batch_size=2, batchify_fn=batchify)
     batch = next(iter(loader))
     return (batch["user"], batch["item"]) if model == "two_inputs" else (batch[0],)
-
-
-class Unusable(gluon.data.Dataset):
-    """`dataset` whose samples `bad` cannot be read (the documented protocol)."""
-
-    def __init__(self, dataset, bad):
-        self.dataset, self.bad = dataset, set(int(i) for i in bad)
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        if index in self.bad:
-            raise BadSample(f"sample {index} (made unusable by the test)")
-        return self.dataset[index]
 
 
 def first_step_of_last_rank(size, ranks, shuffle, seed, accumulate):

@@ -30,7 +30,7 @@ import numpy as np
 from mxnet import gluon
 from mxnet.gluon.contrib import estimator as mx_estimator
 
-from hvdtrain import BadSample
+from program_parts import Unusable
 from hvdtrain.estimator import (BatchBegin, BatchEnd, CheckpointHandler, EpochBegin, EpochEnd,
                                 Estimator, TrainBegin)
 
@@ -59,21 +59,6 @@ class MeanLabel(mx.metric.EvalMetric):
             self.global_sum_metric += total
             self.num_inst += count
             self.global_num_inst += count
-
-
-class Unusable(gluon.data.Dataset):
-    """`dataset` with the samples at `bad` raising BadSample."""
-
-    def __init__(self, dataset, bad):
-        self.dataset, self.bad = dataset, set(bad)
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        if index in self.bad:
-            raise BadSample(f"sample {index} (made unusable by the test)")
-        return self.dataset[index]
 
 
 class Keeping(mx_estimator.CheckpointHandler):

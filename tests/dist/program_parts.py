@@ -1,7 +1,11 @@
 """What the test programs share: their OPTION=VALUE arguments, a net's arrays by their place,
-and a digest of every array at each epoch's end (to compare the ranks epoch by epoch)."""
+a digest of every array at each epoch's end (to compare the ranks epoch by epoch), and a
+dataset whose chosen samples cannot be read (the documented BadSample protocol)."""
 import hashlib
 
+from mxnet import gluon
+
+from hvdtrain import BadSample
 from hvdtrain.estimator import EpochEnd
 
 
@@ -38,3 +42,18 @@ class EpochDigests(EpochEnd):
         for name, array in sorted(arrays_of(estimator.net).items()):
             digest.update(name.encode() + array.tobytes())
         self.digests.append(digest.hexdigest()[:16])
+
+
+class Unusable(gluon.data.Dataset):
+    """`dataset` whose samples `bad` cannot be read: they raise BadSample."""
+
+    def __init__(self, dataset, bad):
+        self.dataset, self.bad = dataset, set(int(i) for i in bad)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        if index in self.bad:
+            raise BadSample(f"sample {index} (made unusable by the test)")
+        return self.dataset[index]
