@@ -46,7 +46,7 @@ def draw_batches(batch_sampler, seed: int, epoch: int, shared=()) -> List[List[i
     name = type(batch_sampler).__name__
     try:
         expected = len(batch_sampler)
-    except TypeError:
+    except (TypeError, NotImplementedError):  # gluon.data.Sampler's own __len__ raises
         raise DatasetError(
             f"the DataLoader's batch sampler ({name}) has no len(): hvdtrain splits an "
             f"epoch's batches over the ranks and must know where it ends: give it a __len__ "

@@ -55,6 +55,21 @@ def keyword_errors(method):
     return wrapped
 
 
+def program_name() -> str:
+    """How the program's one lines name it (``regression.py``), as argparse would."""
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+
+
+def in_program(line: str) -> str:
+    """A stop's line in the program's terms: an error (the engine writes ``hvdtrain: error:
+    ...``) named after the program, as its other one lines are, and the Estimator's
+    keywords for the command's flags. (A preemption's ``hvdtrain: stopped at step ...``
+    keeps its name: wrappers look for it.)"""
+    if line.startswith("hvdtrain: error: "):
+        line = f"{program_name()}: error: " + line[len("hvdtrain: error: "):]
+    return in_keywords(line)
+
+
 def one_line_errors() -> None:
     """Install the hook (see the module) once per process."""
     previous = sys.excepthook
@@ -65,8 +80,7 @@ def one_line_errors() -> None:
         if not issubclass(kind, (ConfigError, OutputError)):
             previous(kind, value, traceback)
             return
-        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        error_line(f"{program}: error: {value}")
+        error_line(f"{program_name()}: error: {value}")
         logging.shutdown()
         sys.stdout.flush()
         os._exit(EXIT_USAGE if issubclass(kind, ConfigError) else EXIT_FAILED)  # pylint: disable=protected-access

@@ -41,14 +41,14 @@ from ..loop.run.fit import RunHooks, RunParts, fit as run_fit
 from ..loop.run.outputs import build_outputs
 from ..loop.run.replica_check import ReplicaCheck
 from ..loop.run.together import StoppedTogether
-from ..report.log import error_line
+from ..report.log import error_line, setup_logging
 from ..state.run_dir import RunDir
 from ..state.train_state import TrainState
 from ..store.gluon_internals import shape_deferred, skip_first_step_broadcast
 from .adapters import AverageMetrics, Handlers, Processor
 from .batch_processor import BatchProcessor
 from .event_handler import evaluate_handlers, fit_handlers
-from .errors import in_keywords, keyword_errors, one_line_errors
+from .errors import in_program, keyword_errors, one_line_errors
 from .feeds import Feeds, split_size
 from .saves import averaged_statistics, save_final, save_model_files, settle_shapes
 from .setup import (Setup, check_store_for_devices, default_context, dist_for, guards,
@@ -221,7 +221,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         if self.setup.command:
             raise stop
         if stop.line:
-            error_line(in_keywords(stop.line))
+            error_line(in_program(stop.line))
         stop.leave()
         raise SystemExit(stop.status) from None
 
@@ -420,6 +420,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         many samples were scored, over every rank, is :attr:`val_count`."""
         feed = self.feeds.of(val_data, False, self.dist, self.config)
         if self._watchdog is None:  # outside fit, nothing has made the ranks' models one
+            if not logging.getLogger("hvdtrain").handlers:  # the program's own, else ours
+                setup_logging(self.dist.rank)
             try:
                 self._one_model(feed, batch_axis)
             except StoppedTogether as stop:

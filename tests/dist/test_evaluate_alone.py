@@ -44,6 +44,7 @@ def test_evaluate_alone_scores_rank_0s_model_on_every_rank(tmp_path):
         assert abs(report["rmse"] - expected) <= 1e-5 * expected, (report, expected)
     warned = [l for l in proc.stdout.splitlines() if "replicas differ at evaluate()" in l]
     assert len(warned) == 1 and "on rank 1" in warned[0], proc.stdout[-2000:]
+    assert "[rank 0] WARNING" in warned[0]  # hvdtrain's log line, set up outside fit too
 
 
 def test_evaluate_alone_under_strict_stops_every_rank_with_one_line(tmp_path):

@@ -116,6 +116,7 @@ def test_under_strict_a_difference_stops_every_rank_with_one_line(tmp_path):
     errors = [l for l in proc.stdout.splitlines() if "error: replicas differ at the end of "
               "epoch 1 (step 6)" in l]
     assert len(errors) == 2, proc.stdout[-3000:]  # one line on each rank
+    assert all("estimator_models.py: error: replicas differ" in l for l in errors), errors
     found = records(out / "outputs" / "metrics.jsonl", "replicas")
     assert len(found) == 1 and found[0]["action"] == "strict"
     assert not (out / "outputs" / "model.params").exists()

@@ -179,9 +179,18 @@ class NoLength:
         return iter([[0, 1]])
 
 
+class SamplerNoLength(gluon.data.Sampler):
+    """Gluon's own base class, whose __len__ raises NotImplementedError (a review found the
+    traceback)."""
+
+    def __iter__(self):
+        return iter([[0, 1]])
+
+
 @pytest.mark.parametrize("batch_sampler, says", [
     (Endless(), "whose epoch ends after len() batches"),
     (NoLength(), "give it a __len__"),
+    (SamplerNoLength(), "give it a __len__"),
     (nlp.data.FixedBucketSampler(LENGTHS, 6, num_shards=2), "num_shards=0"),
     (gluon.data.BatchSampler(gluon.contrib.data.IntervalSampler(101, 3), 4, "rollover"),
      "use 'keep' or 'discard'"),
