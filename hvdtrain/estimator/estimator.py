@@ -493,6 +493,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         """A CheckpointHandler's save (:func:`~.saves.save_model_files`), after the ranks
         compared their arrays (an epoch's end compared them already)."""
         if self._replicas is not None and self._inside_epoch:
-            self._replicas.verify(f"a CheckpointHandler save ({param_file})", statistics=False)
+            self._replicas.verify(f"a CheckpointHandler save ({param_file})", statistics=False,
+                                  state=self.state)
         save_model_files(self.net, self.trainer, self.dist, self._inside_epoch, param_file,
                          trainer_file)

@@ -99,6 +99,7 @@ def test_a_difference_on_one_rank_is_named_recorded_and_resynced(tmp_path):
     found = records(out / "outputs" / "metrics.jsonl", "replicas")
     assert len(found) == 1, found  # once re-synced, the second epoch's end finds none
     assert found[0]["where"] == "the end of epoch 1 (step 6)"
+    assert (found[0]["epoch"], found[0]["step"]) == (0, 6)  # counted as the epoch records
     assert found[0]["ranks"] == [1] and found[0]["action"] == "resync"
     # The nudged weight alone: its momentum follows the summed gradients (no weight decay).
     assert found[0]["arrays"] == ["0.weight"], found[0]["arrays"]

@@ -166,7 +166,8 @@ class Boundary:
         if self.before_save is not None:
             self.before_save(state)
         if self.replicas is not None:  # each rank's running statistics are its own here
-            self.replicas.verify(f"the checkpoint at step {state.step}", statistics=False)
+            self.replicas.verify(f"the checkpoint at step {state.step}", statistics=False,
+                                 state=state)
         statistics = self.ema.statistics() if self.ema is not None else []
         averages, ema_statistics = averaged_running_stats(self.net, self.dist, statistics)
         if self.checkpointer is not None:

@@ -189,7 +189,8 @@ def fit(run: RunParts) -> dict:
             # below and saved at the end is one model, the same on every rank and device.
             average_running_stats(run.net, dist, recipe.statistics())
             if run.replicas is not None:  # before anything is evaluated or saved
-                run.replicas.verify(f"the end of epoch {epoch + 1} (step {state.step})")
+                run.replicas.verify(f"the end of epoch {epoch + 1} (step {state.step})",
+                                     state=state)
             run.train_book.reduce(dist)
             last = state.epoch + 1 >= epochs_in_all or (
                 cfg.max_steps is not None and state.step >= cfg.max_steps)
@@ -321,7 +322,8 @@ def _stop_inside_epoch(run: RunParts, stats: EpochStats, record: dict, boundary:
     if boundary.before_save is not None:
         boundary.before_save(state)
     if run.replicas is not None:
-        run.replicas.verify(f"the stop's checkpoint (step {state.step})", statistics=False)
+        run.replicas.verify(f"the stop's checkpoint (step {state.step})", statistics=False,
+                            state=state)
     _gather(outputs, run.trainer, True)
     write_together(run.dist, write, f"step {state.step}")
     return record

@@ -165,11 +165,13 @@ class ReplicaCheck:
             return self.dist.synchronous
         return len(next(iter(self.net.collect_params().values())).list_ctx()) > 1
 
-    def verify(self, where: str, statistics: bool = True) -> Optional[Drift]:
+    def verify(self, where: str, statistics: bool = True, state=None) -> Optional[Drift]:
         """Every rank at the same point (`where`, for the line): compare the replicas; on a
         difference say so, record it and re-sync or stop every rank (``strict``: raises
         :class:`~hvdtrain.loop.run.together.StoppedTogether`). `statistics`: include the
-        running statistics (False inside an epoch, where each rank's are its own)."""
+        running statistics (False inside an epoch, where each rank's are its own). `state`
+        (the run's TrainState, when there is one) gives the record its ``epoch`` (from 0, as
+        the other records count) and ``step``."""
         if not self.active:
             return None
         mx.nd.waitall()
@@ -183,8 +185,9 @@ class ReplicaCheck:
         # Every rank found the same: rank 0 says it (under strict, the stop's one line does).
         if drift.action == "resync" and self.dist.is_root:
             logger.warning("%s", drift.line())
-        write_together(self.dist, lambda: self._record and self._record(drift.record()),
-                       where)
+        at = {} if state is None else {"epoch": state.epoch, "step": state.step}
+        write_together(self.dist, lambda: self._record and self._record(dict(
+            at, **drift.record())), where)
         if drift.action == "strict":
             raise StoppedTogether(f"hvdtrain: error: {drift.line()}",
                                   lambda: leave_together(self.dist))
