@@ -1,14 +1,20 @@
 """Two "hosts" on loopback addresses, served by a private sshd.
 
-Everything lives in one temporary folder: the sshd config, its host key, a throwaway client
-key and the authorized_keys file. The user's ~/.ssh is never read or written: ssh takes the
+Everything lives in one temporary folder: the sshd config, a throwaway client key and the
+authorized_keys file. This suite never reads or writes the user's ~/.ssh: ssh takes the
 port and key from the launchers' own options (horovodrun -p/-i, mpirun's plm_rsh_args,
-hvdtrain-launch -p/-i). Nothing listens or connects outside 127.0.0.0/8.
+hvdtrain-launch -p/-i). Horovod's own launcher does write ~/.ssh/known_hosts (its ssh
+keeps the default), so the host key is one per machine and user, kept in the temporary
+directory: a fresh key per run made a later run that drew the same port meet "REMOTE HOST
+IDENTIFICATION HAS CHANGED", and ORTE could not start its daemons (a fresh clone's run,
+2026-12-07, after three runs of the suite that day). Nothing listens or connects outside
+127.0.0.0/8.
 """
 import contextlib
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import List
@@ -41,6 +47,21 @@ class LoopbackHosts:
         return path
 
 
+def _machine_host_key():
+    """The private sshd's host key: made once per machine and user (see the module), by
+    one test process at a time (a temporary name, then an atomic rename)."""
+    folder = os.path.join(tempfile.gettempdir(), f"hvdtrain-test-sshd-{os.getuid()}")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    key = os.path.join(folder, "host_key")
+    if not os.path.isfile(key):
+        draft = f"{key}.{os.getpid()}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", draft],
+                       check=True)
+        os.replace(draft + ".pub", key + ".pub")
+        os.replace(draft, key)
+    return key
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -52,9 +73,9 @@ def loopback_hosts(folder, addresses=ADDRESSES):
     """Start sshd on `addresses`; yield a :class:`LoopbackHosts`; stop it."""
     folder = str(folder)
     os.makedirs(folder, exist_ok=True)
-    host_key, client_key = os.path.join(folder, "host_key"), os.path.join(folder, "client_key")
-    for key in (host_key, client_key):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
+    host_key, client_key = _machine_host_key(), os.path.join(folder, "client_key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", client_key],
+                   check=True)
     authorized = os.path.join(folder, "authorized_keys")
     with open(client_key + ".pub") as pub, open(authorized, "w") as out:
         out.write(pub.read())
