@@ -42,6 +42,9 @@ EPOCH_LINE = re.compile(r"\] INFO epoch (\d+)/\d+ ")
 STEP_LINE = re.compile(r"\] INFO   step (\d+)/\d+ ")
 RESET_LINE = re.compile(r"\] INFO elastic reset: ")
 SYNC_LINE = re.compile(r"elastic: rank (\d+) of (\d+) synced at step (\d+), arrays (\w+)")
+# Horovod 0.28.1's Gloo at times aborts a surviving worker as its peer dies (docs/elastic.md,
+# "A survivor that Gloo aborts"): the line such a worker leaves.
+GLOO_ABORT = "terminate called after throwing an instance of 'gloo::EnforceNotMet'"
 LEFTOVER_BOUND_S = 30  # a worker still alive this long after horovodrun ended was left behind
 
 
@@ -188,7 +191,8 @@ def run(args, folder):
                 for name, t in happened],
         syncs=syncs, metrics=metrics, alive_after_exit=len(alive),
         workers_gone_after_s=gone_after,
-        errors=[line.strip() for line in raw if "error" in line.lower()][-6:])
+        errors=[line.strip() for line in raw if "error" in line.lower()][-6:],
+        gloo_aborted_a_survivor=any(GLOO_ABORT in line for line in raw))
 
 
 def _training_again(t, resets, steps):

@@ -45,6 +45,23 @@ def _brief(result):
                       default=str)[:3000]
 
 
+def _killing_job(tmp_path, name, flags_for):
+    """Run elastic_job.py with the flags `flags_for(folder)` gives, in tmp_path / name; return
+    its result and folder. A run in which Gloo aborted a surviving worker as its peer was
+    killed (Horovod 0.28.1's own race, docs/elastic.md "A survivor that Gloo aborts": seen
+    twice by 2026-12-07) is run once more in a folder of its own, and the test says so; any other failure, or that abort twice, fails the test."""
+    for attempt in (1, 2):
+        folder = tmp_path / (name if attempt == 1 else name + "-again")
+        flags = flags_for(folder)
+        _report_on_failure("elastic_job.py", flags, folder)
+        result = run_job(parse_job(flags), str(folder))
+        if result["exit"] == 0 or not result["gloo_aborted_a_survivor"]:
+            break
+        print("Gloo aborted a surviving worker as its peer was killed (Horovod 0.28.1's "
+              "race, docs/elastic.md): the job once more")
+    return result, folder
+
+
 def _finished_on_two_ranks(tmp_path, flags, steps):
     """Run the spike driver with `flags`; check the job trained at 4 ranks and at 2, and
     ended with exit 0 on 2 ranks that trained `steps` steps; return its result."""
@@ -100,12 +117,13 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
     finish; after every reset every rank holds the same arrays; every training sample is
     trained once per epoch (resizes included, rolled-back steps excluded); the final
     accuracy is that of the same job run plainly, never disturbed, within 0.01."""
-    record = tmp_path / "ids"
-    flags = ["--leave", "2:10", "--back", "3:10", "--kill", "4:20", "--record", str(record),
-             "--gloo-timeout", "20",
-             "--timeout", "240"] + JOB
-    _report_on_failure("elastic_job.py", flags, tmp_path / "elastic")
-    result = run_job(parse_job(flags), str(tmp_path / "elastic"))
+    def flags_for(folder):
+        return ["--leave", "2:10", "--back", "3:10", "--kill", "4:20",
+                "--record", str(folder) + "-ids", "--gloo-timeout", "20",
+                "--timeout", "240"] + JOB
+
+    result, folder = _killing_job(tmp_path, "elastic", flags_for)
+    record = str(folder) + "-ids"
     assert result["exit"] == 0, _brief(result)
     resets = [(m["previous_num_workers"], m["num_workers"]) for m in result["metrics"]
               if m["event"] == "elastic"]
@@ -120,7 +138,7 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
     # plus the reset, and a loaded machine has no bound this test could keep.
     print(f"training again {kill['training_again_after_s']} s after the kill")
 
-    trained = trained_ids(str(record))
+    trained = trained_ids(record)
     num_train = 1437  # digits' training split
     for epoch in range(6):
         counts = trained[epoch]
@@ -130,7 +148,7 @@ def test_hvdtrain_elastic_loses_a_host_gets_it_back_and_survives_a_kill(tmp_path
         assert sum(counts.values()) - num_train <= 3, (epoch, counts.most_common(5))
 
     # The checkpoints stay resumable: one more epoch, one process, from the elastic folder.
-    assert _resumes_alone(tmp_path / "elastic" / "out", epochs=7) == 6
+    assert _resumes_alone(folder / "out", epochs=7) == 6
 
     flags = ["--plain", "--timeout", "200"] + JOB
     _report_on_failure("elastic_job.py", flags, tmp_path / "plain")
@@ -181,9 +199,8 @@ def test_a_users_model_through_the_estimator_survives_the_kill_of_a_rank(tmp_pat
     127.0.0.3 is killed with SIGKILL in epoch 2, the job goes on with 2 ranks and finishes
     its 3 epochs; after the reset every rank holds the same arrays, and the model learnt
     (its validation RMSE well below the targets' spread, 0.86)."""
-    flags = ["--program", "estimator", "--kill", "2:10", "--timeout", "240", "--epochs", "3"]
-    _report_on_failure("elastic_job.py", flags, tmp_path / "job")
-    result = run_job(parse_job(flags), str(tmp_path / "job"))
+    result, _ = _killing_job(tmp_path, "job", lambda folder: [
+        "--program", "estimator", "--kill", "2:10", "--timeout", "240", "--epochs", "3"])
     assert result["exit"] == 0, _brief(result)
     resets = [(m["previous_num_workers"], m["num_workers"]) for m in result["metrics"]
               if m["event"] == "elastic"]
