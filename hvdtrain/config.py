@@ -551,9 +551,6 @@ def check_shard_optimizer(cfg: RunConfig) -> None:
         (cfg.ema is not None, "--ema: not combined yet; drop one of them"),
         (cfg.elastic, "--elastic: its commits copy the whole optimizer state; drop one of "
                       "them"),
-        (cfg.output_dir is not None or cfg.resume is not None,
-         "--output-dir/--resume: checkpoints would hold one rank's slice of the optimizer "
-         "state; drop --output-dir (and --resume) or --shard-optimizer"),
     )
     for refuse, why in refused:
         if refuse:

@@ -15,7 +15,7 @@ from ..loop.engine.replicas import averaged_running_stats
 from ..loop.recipe.ema import FINAL_EMA_PARAMS
 from ..loop.run.boundary import host_copy
 from ..loop.run.together import write_together
-from ..state.checkpoint import save_params
+from ..state.checkpoint import gathered_states, save_params
 from ..state.writes import atomic_write
 from ..store.gluon_internals import params_by_place, shape_deferred
 
@@ -79,9 +79,11 @@ def save_model_files(net, trainer, dist, inside_epoch: bool, param_file: str,
         names = {id(param): name for name, param in params_by_place(net).items()}
         replace = {names[id(param)]: value for param, value in averages}
 
+    states = gathered_states(trainer)  # a sharded optimizer state: every rank, whole
+
     def write():
         if dist.is_root:
-            held = host_copy(net, trainer, True, replace)
+            held = host_copy(net, trainer, True, replace, states)
             atomic_write(param_file, held.save_parameters)
             atomic_write(trainer_file, held.save_states)
 

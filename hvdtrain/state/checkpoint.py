@@ -29,6 +29,25 @@ _LEFTOVER_PREFIXES = (".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")
 logger = logging.getLogger("hvdtrain")
 
 
+def gathered_states(trainer) -> Optional[Callable[[], bytes]]:
+    """Every rank, before a save: the optimizer state of a trainer whose ranks each hold a
+    slice of it (``shard_optimizer``), gathered whole (a collective); None for any other
+    trainer (rank 0 copies its own state when it saves)."""
+    gather = getattr(trainer, "whole_states_later", None)
+    return gather() if gather is not None else None
+
+
+class _StatesOnly:
+    """What a synchronous save asks of a trainer, from states gathered already."""
+
+    def __init__(self, states: Callable[[], bytes]):
+        self._states = states
+
+    def save_states(self, path: str) -> None:
+        with open(path, "wb") as out:
+            out.write(self._states())
+
+
 def save_params(net, path: str) -> str:
     """Save `net`'s parameters (Gluon ``save_parameters`` format) atomically to `path`."""
     return atomic_write(path, net.save_parameters)
@@ -185,6 +204,7 @@ class Checkpointer:
         # State outside the optimizer's file, e.g. AMP's loss scale: trainer -> dict.
         self.extra: Callable[[object], Dict] = lambda trainer: {}
         self.compression: Optional[Dict] = None  # what gather() collected for the next save
+        self.states: Optional[Callable[[], bytes]] = None  # so: a sharded optimizer state
         # More files of each checkpoint, e.g. the EMA's: name -> copy() returning the named
         # arrays to save, copied to host memory (they are written in the background).
         self.files: Dict[str, Callable[[], Dict]] = {}
@@ -197,9 +217,11 @@ class Checkpointer:
 
     def gather(self, trainer, due: bool = True) -> None:
         """On every rank, before a save that is `due`: what it needs from all ranks
-        (PowerSGD's errors, summed over them), kept for the save."""
-        self.compression = compression_state.gather(trainer) if due and self.saving \
-            else None
+        (PowerSGD's errors, summed over them; a sharded optimizer state, gathered whole),
+        kept for the save."""
+        due = due and self.saving
+        self.compression = compression_state.gather(trainer) if due else None
+        self.states = gathered_states(trainer) if due and self.with_states else None
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),
@@ -219,9 +241,13 @@ class Checkpointer:
         if self.output_dir is None:
             return None
         compression, self.compression = self.compression, None
+        states, self.states = self.states, None
         if compression is None and compression_state.compression_of(trainer) is not None:
             raise RuntimeError("a checkpoint of a compressing trainer needs gather() first, "
                                "on every rank")
+        if states is None and self.with_states and hasattr(trainer, "whole_states_later"):
+            raise RuntimeError("a checkpoint of a sharded optimizer state needs gather() "
+                               "first, on every rank")
         self.wait()
         files = files if files is not None else {
             name: copy() for name, copy in self.files.items()}
@@ -231,12 +257,13 @@ class Checkpointer:
                     **self.extra(trainer))
         if self.host_copy is None:
             start = time.perf_counter()
-            path = save_checkpoint(self.output_dir, net, trainer, meta, self.keep,
-                                   self.with_states, compression, files)
+            path = save_checkpoint(self.output_dir, net,
+                                   trainer if states is None else _StatesOnly(states), meta,
+                                   self.keep, self.with_states, compression, files)
             logger.info("checkpoint saved: %s (written in %.1f s)", path,
                         time.perf_counter() - start)
             return path
-        copy = self.host_copy(net, trainer, self.with_states, replace)
+        copy = self.host_copy(net, trainer, self.with_states, replace, states)
         # save_checkpoint is looked up when the thread runs (a test shim may wrap it).
         self._write = BackgroundWrite(lambda: save_checkpoint(
             self.output_dir, copy, copy, meta, self.keep, self.with_states, compression,

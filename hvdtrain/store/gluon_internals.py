@@ -326,15 +326,21 @@ def optimizer_states_later(trainer) -> StatesLater:
     returns) and the optimizer object pickled now (small: its update counts and scheduler),
     so that training may go on changing both. Calling the result gives the bytes
     :func:`optimizer_states` gives now (MXNet 1.9.1 ``Updater.get_states``)."""
-    # pylint: disable=protected-access
-    updater = trainer._updaters[0]
-    optimizer = updater.optimizer
+    updater = trainer._updaters[0]  # pylint: disable=protected-access
+    return states_later(updater.states, updater.optimizer)
+
+
+def states_later(states: dict, optimizer, copy: bool = True) -> StatesLater:
+    """:func:`optimizer_states_later` of per-parameter `states` (an updater's, or a sharded
+    trainer's gathered whole) and their `optimizer`; `copy` False: `states` are arrays of
+    their own on the CPU already, which training does not change (kept, not copied)."""
     param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
     try:
         frozen = pickle.dumps(optimizer)
     finally:
         optimizer.param_dict = param_dict
-    copied = {index: _copied(state) for index, state in updater.states.items()}
+    copied = {index: _copied(state) for index, state in states.items()} if copy \
+        else dict(states)
     _copied(list(copied.values()), wait=True)
     return StatesLater(copied, frozen)
 
@@ -358,8 +364,11 @@ def _copied(state, wait: bool = False):
 def set_optimizer_states(trainer, blob: bytes) -> None:
     """``Trainer.load_states`` from memory (MXNet 1.9.1 gluon/trainer.py), without its
     store initialisation: that is a collective, and an elastic restore runs on survivors
-    alone."""
+    alone. A sharded trainer cuts its slices out of them (:mod:`.sharded`)."""
     # pylint: disable=protected-access
+    if hasattr(trainer, "set_whole_states"):
+        trainer.set_whole_states(blob)
+        return
     for updater in trainer._updaters:
         updater.set_states(blob)
         updater.optimizer = trainer._updaters[0].optimizer

@@ -9,8 +9,9 @@ import numpy as np
 from mxnet import optimizer as opt
 
 NO_WHOLE_STATE = ("shard_optimizer: each rank holds its slice of the optimizer state only; "
-                  "saving or loading the whole state is not supported yet: drop "
-                  "shard_optimizer to checkpoint")
+                  "the Trainer's own updater holds none to copy (save and load through "
+                  "Trainer.save_states/load_states on every rank; elastic commits are not "
+                  "supported: drop elastic or shard_optimizer)")
 
 
 class _SlicedAway(dict):
@@ -22,7 +23,8 @@ class _SlicedAway(dict):
 
 
 class WholeStateRefused(opt.Updater):
-    """The Trainer's updater under sharding: empty, and refusing a save or load."""
+    """The Trainer's updater under sharding: empty, and refusing a copy of its state (the
+    whole state is gathered by ``ShardedTrainer.save_states``)."""
 
     def __init__(self, optimizer):
         super().__init__(optimizer)

@@ -24,14 +24,20 @@ the unsharded Trainer updates, with the same elementwise kernels: the weights en
 (docs/performance.md, "Sharded optimizer state").
 
 The sharded state lives in an updater of this trainer's own (:attr:`shard_updater`), not in
-``Trainer._updaters``: what compares or copies the replicated state (the replica check,
-``save_states``) sees none, and ``save_states``/``load_states`` refuse rather than write or
-read a partial state. Only optimizers whose state and update are per element are taken
+``Trainer._updaters``: what compares or copies the replicated state (the replica check, an
+elastic commit) sees none, and refuses rather than copy a partial state. Checkpoints hold
+the whole state (:mod:`.shard_checkpoint`): :meth:`ShardedTrainer.whole_states_later` gathers
+it on every rank (a collective), and ``save_states``, on every rank too, writes it in
+``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` cut this
+rank's pieces out of a whole state, saved at any world size, sharded or not. Every rank
+keeps every parameter's update count (those it updates no piece of too), so the optimizer
+object a checkpoint holds is whole. Only optimizers whose state and update are per element are taken
 (:data:`SHARDABLE`); one rank's pieces of a parameter get the parameter's multipliers, and
 no update reads another element.
 """
 from __future__ import annotations
 
+import pickle
 from typing import List
 
 import mxnet as mx
@@ -40,9 +46,11 @@ from mxnet import optimizer as opt
 from ..config import ConfigError
 from .buckets import BucketedTrainer
 from .collectives_into import allgather_into, reducescatter_into
+from .gluon_internals import StatesLater, states_later
+from .shard_checkpoint import gather_whole, sliced
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards
-from .shard_state import NO_WHOLE_STATE, WholeStateRefused, state_bytes
+from .shard_state import WholeStateRefused, state_bytes
 
 # Optimizers whose update of an element reads only that element (its weight, gradient and
 # state) and per-parameter scalars (rate, decay, update count): exact on any slice. LAMB
@@ -91,6 +99,7 @@ class ShardedTrainer(BucketedTrainer):
         self._grad_slices: List[mx.nd.NDArray] = []  # per bucket, its slice's sum (a view)
         self._gathered: List[mx.nd.NDArray] = []  # per bucket, where its weights gather
         self._small: List[bool] = []
+        self._loaded = None  # a whole state loaded before the slices were planned
         super().__init__(*args, **kwargs)
         check_shardable(self._optimizer)
         if len(self._contexts) > 1:
@@ -130,6 +139,8 @@ class ShardedTrainer(BucketedTrainer):
         self._weight_views = [[self._params[p.param].list_data()[0].reshape(-1)[p.start:p.stop]
                                for p in pieces] for pieces in self.pieces]
         self._plan_buffers([sum(bucket_sizes) for bucket_sizes in sizes], ranks)
+        if self._loaded is not None:
+            self._take_slices(self._loaded)
 
     def _plan_buffers(self, totals: List[int], ranks: int) -> None:
         """Made once a plan, per dtype: one buffer of the largest slice, that each bucket's
@@ -197,6 +208,12 @@ class ShardedTrainer(BucketedTrainer):
         self.shard_updater.optimizer = self._optimizer
         for b in range(len(self.buckets)):
             self._step_bucket(b)
+        # Every rank counts every update, of parameters it holds no piece of too: the
+        # optimizer object a checkpoint saves (rank 0's) is then every parameter's.
+        owned = {piece.param for pieces in self.pieces for piece in pieces}
+        others = [i for bucket in self.buckets for i in bucket if i not in owned]
+        if others:
+            self._optimizer._update_count(others)  # pylint: disable=protected-access
 
     def _step_bucket(self, b: int) -> None:
         """Reduce-scatter bucket `b`, update this rank's slice of it, gather its weights:
@@ -245,8 +262,71 @@ class ShardedTrainer(BucketedTrainer):
         """Bytes of optimizer state this rank holds."""
         return state_bytes(self.shard_updater.states)
 
+    def whole_states_later(self) -> StatesLater:
+        """Every rank: the whole optimizer state, gathered from every rank's slices (a
+        collective), with the optimizer object; calling the result gives the bytes an
+        unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`)."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        store, ranks = self._kvstore, self._ranks if self._kvstore is not None else 1
+        hvd = store._hvd if ranks > 1 else None  # pylint: disable=protected-access
+        ctx = self._contexts[0]
+        tag = f".{self.replans}" if self.replans else ""
+
+        def allgather(vector, name):
+            return hvd.allgather(mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype),
+                                 name=name + tag).asnumpy()
+
+        def present(counts):
+            if ranks > 1:
+                summed = mx.nd.array(counts, ctx=ctx)
+                store.sum_exact("shard.state.held" + tag, summed)
+                return summed.asnumpy()
+            return counts
+
+        def template(index):
+            data = self._params[index].list_data()[0]
+            return self._optimizer.create_state_multi_precision(
+                index, mx.nd.zeros((1,), ctx=mx.cpu(), dtype=data.dtype))
+
+        shapes = [param.shape for param in self._params]
+        whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
+                             template, store.rank if ranks > 1 else 0, ranks, allgather,
+                             present)
+        return states_later(whole, self._optimizer, copy=False)
+
     def save_states(self, fname):
-        raise NotImplementedError(NO_WHOLE_STATE)
+        """``Trainer.save_states``, on every rank (it gathers: a collective): the whole
+        state, in an unsharded run's format."""
+        states = self.whole_states_later()()
+        with open(fname, "wb") as out:
+            out.write(states)
 
     def load_states(self, fname):
-        raise NotImplementedError(NO_WHOLE_STATE)
+        """``Trainer.load_states``, on every rank: this rank's slices of the whole state in
+        `fname` (written by a sharded or unsharded run, at any world size)."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._params_to_init:
+            self._init_params()
+        with open(fname, "rb") as src:
+            self.set_whole_states(src.read())
+
+    def set_whole_states(self, blob: bytes) -> None:
+        """Take the optimizer object and this rank's slices of the whole state pickled in
+        `blob` (``Trainer.save_states``'s bytes)."""
+        loaded = pickle.loads(blob)
+        states, optimizer = loaded if isinstance(loaded, tuple) and len(loaded) == 2 \
+            else (loaded, self._optimizer)
+        self._optimizer = optimizer
+        optimizer.param_dict = dict(enumerate(self._params))
+        self._updaters = [WholeStateRefused(optimizer)]
+        self.shard_updater = opt.get_updater(optimizer)
+        self._loaded = states
+        if self._layout is not None:
+            self._take_slices(states)
+
+    def _take_slices(self, whole: dict) -> None:
+        self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
+        self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
+        self._loaded = None

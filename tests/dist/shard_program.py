@@ -2,9 +2,17 @@
 and without ``shard_optimizer``, for each optimizer and with or without one rank's whole
 first step unusable, every case from the same start.
 
-Usage: shard_program.py OUT_DIR. Writes OUT_DIR/rank<R>.npz (each case's final arrays as
+Usage: shard_program.py OUT_DIR [CHECKPOINTS_OF_2]. Writes OUT_DIR/rank<R>.npz (each case's final arrays as
 ``<case>:<param>``, and the start as ``start:<param>``; cases named ``<optimizer>-<unusable>-<sharded>``) and OUT_DIR/rank<R>.json
 (per case: optimizer-state bytes and elements this rank holds, the model's elements, steps).
+
+Checkpoints, for RESUMED optimizers: at 2 ranks, an unsharded run of EPOCHS epochs saves
+at each epoch's end and a sharded one every 4 steps (inside the epochs: steps 4 and 8; and
+at the end), in OUT_DIR/ckpt-<optimizer>-<sharded>; a sharded run resumes the sharded run's
+checkpoint of step 8 (case ``<optimizer>-resumed-1``). At 3 ranks (CHECKPOINTS_OF_2: the
+2-rank job's OUT_DIR), a sharded and an unsharded run resume the 2-rank sharded run's last
+checkpoint for one more epoch (cases ``<optimizer>-from2-<sharded>``), and a sharded one the
+unsharded's (``<optimizer>-from2plain-1``).
 """
 import json
 import os
@@ -66,7 +74,13 @@ def make_data(tiny=False):
     return gluon.data.ArrayDataset(mx.nd.array(x), mx.nd.array(y.astype(np.float32)))
 
 
-def run_case(store, start, optimizer, unusable, sharded, tiny=False):
+RESUMED = ("sgd", "adam", "lamb")
+INSIDE = "checkpoints/epoch-0001-step-0000008"  # the sharded run's, inside epoch 2
+LAST = f"checkpoints/epoch-{EPOCHS:04d}"
+
+
+def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOCHS,
+             **options):
     net = make_net(tiny)
     for name, param in net._collect_params_with_prefix().items():  # pylint: disable=protected-access
         param.set_data(start[name])
@@ -74,13 +88,13 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False):
     trainer = gluon.Trainer(net.collect_params(), name, dict(params))
     estimator = Estimator(net, gluon.loss.L2Loss(), trainer=trainer, store=store,
                           shard_optimizer=sharded, grad_bucket_mb=BUCKET_MB,
-                          max_bad_samples="20%", seed=SEED)
+                          max_bad_samples="20%", seed=SEED, **options)
     train = make_data(tiny)
     if unusable:
         train = Unusable(train, first_step_of_last_rank(
             len(train), estimator.num_workers, True, estimator.config.seed, 1))
     estimator.fit(gluon.data.DataLoader(train, batch_size=BATCH, shuffle=True),
-                  epochs=EPOCHS)
+                  epochs=epochs)
     arrays = {k: p.data().asnumpy()
               for k, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
     info = {"steps": estimator.state.step,
@@ -96,8 +110,31 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False):
     return arrays, info
 
 
+def checkpoint_cases(store, start, out, of_two):
+    """The resume cases (see the module's docstring): {case: (arrays, info)}."""
+    cases = {}
+    for optimizer in RESUMED:
+        if of_two is None:
+            for sharded in (False, True):
+                cases[f"{optimizer}-saved-{int(sharded)}"] = run_case(
+                    store, start, optimizer, 0, sharded,
+                    output_dir=os.path.join(out, f"ckpt-{optimizer}-{int(sharded)}"),
+                    checkpoint_every="4steps" if sharded else 1, keep_checkpoints=10)
+            cases[f"{optimizer}-resumed-1"] = run_case(
+                store, start, optimizer, 0, True,
+                resume=os.path.join(out, f"ckpt-{optimizer}-1", INSIDE))
+            continue
+        for sharded, source, case in ((True, 1, "from2-1"), (False, 1, "from2-0"),
+                                      (True, 0, "from2plain-1")):
+            cases[f"{optimizer}-{case}"] = run_case(
+                store, start, optimizer, 0, sharded, epochs=EPOCHS + 1,
+                resume=os.path.join(of_two, f"ckpt-{optimizer}-{source}", LAST))
+    return cases
+
+
 def main():
     out = sys.argv[1]
+    of_two = sys.argv[2] if len(sys.argv) > 2 else None
     store = create_store("horovod", fuse_calls=False)
     mx.random.seed(SEED)
     first = make_net()
@@ -119,6 +156,8 @@ def main():
     for sharded in (False, True):
         case = f"tiny-0-{int(sharded)}"
         arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
+        saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    for case, (arrays, infos[case]) in checkpoint_cases(store, start, out, of_two).items():
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     np.savez(os.path.join(out, f"rank{store.rank}.npz"), **saved)
     with open(os.path.join(out, f"rank{store.rank}.json"), "w") as f:

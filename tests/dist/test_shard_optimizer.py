@@ -2,7 +2,9 @@
 Estimator ends with the weights it ends with unsharded (SGD with momentum, NAG, Adam; with
 per-parameter lr_mult/wd_mult; also with one rank's whole first step unusable), every rank
 holding the same arrays, each rank holding the optimizer state of its slice alone
-(tests/dist/shard_program.py runs every case in one job per world size)."""
+(tests/dist/shard_program.py runs every case in one job per world size). Checkpoints: a
+sharded run saves the whole state an unsharded run saves, resumes exactly at 2 ranks, and
+at 3 ranks from the 2-rank checkpoint as an unsharded resume does."""
 import json
 import os
 import sys
@@ -17,25 +19,43 @@ pytestmark = pytest.mark.dist
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shard_program.py")
 OPTIMIZERS = ["sgd", "nag", "adam", "lamb"]
 STATES_PER_ELEMENT = {"sgd": 1, "nag": 1, "adam": 2, "lamb": 2}
+RESUMED = ["sgd", "adam", "lamb"]  # shard_program.py's checkpoint cases
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """``jobs(ranks)``: (each rank's arrays, each rank's report, its folder) of the job of
+    `ranks` ranks, run once; the 3-rank job resumes the 2-rank job's checkpoints."""
+    done = {}
+
+    def get(ranks):
+        if ranks not in done:
+            of_two = [str(get(2)[2])] if ranks == 3 else []
+            out_dir = tmp_path_factory.mktemp(f"shard{ranks}")
+            proc = run_command(launcher("ranks", ranks) +
+                               [sys.executable, SCRIPT, str(out_dir)] + of_two,
+                               timeout=JOB_TIMEOUT)
+            assert proc.returncode == 0, proc.stdout[-4000:]
+            arrays = [dict(np.load(out_dir / f"rank{r}.npz")) for r in range(ranks)]
+            reports = [json.load(open(out_dir / f"rank{r}.json")) for r in range(ranks)]
+            assert [r["ranks"] for r in reports] == [ranks] * ranks
+            done[ranks] = arrays, reports, out_dir
+        return done[ranks]
+    return get
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}ranks")
-def job(request, tmp_path_factory):
+def job(request, jobs):
     """(each rank's arrays, each rank's report) of one job of `ranks` ranks."""
-    ranks = request.param
-    out_dir = tmp_path_factory.mktemp(f"shard{ranks}")
-    proc = run_command(launcher("ranks", ranks) + [sys.executable, SCRIPT, str(out_dir)],
-                       timeout=JOB_TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    arrays = [dict(np.load(out_dir / f"rank{r}.npz")) for r in range(ranks)]
-    reports = [json.load(open(out_dir / f"rank{r}.json")) for r in range(ranks)]
-    assert [r["ranks"] for r in reports] == [ranks] * ranks
-    return arrays, reports
+    return jobs(request.param)[:2]
 
 
 def _case(arrays, optimizer, unusable, sharded):
-    prefix = f"{optimizer}-{unusable}-{int(sharded)}:"
-    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    return _named(arrays, f"{optimizer}-{unusable}-{int(sharded)}")
+
+
+def _named(arrays, case):
+    return {k[len(case) + 1:]: v for k, v in arrays.items() if k.startswith(case + ":")}
 
 
 @pytest.mark.parametrize("unusable", [0, 1], ids=["all_usable", "one_rank_step_unusable"])
@@ -99,3 +119,76 @@ def test_a_bucket_smaller_than_the_ranks(job):
     for other in arrays[1:]:
         theirs = _case(other, "tiny", 0, True)
         assert all(np.array_equal(sharded[n], theirs[n]) for n in sharded)
+
+
+def _states(folder, optimizer, sharded):
+    """The whole optimizer state a 2-rank run saved at its end: (per parameter position, its
+    state's arrays as numpy; the optimizer object)."""
+    import pickle
+    from hvdtrain.store.shard_checkpoint import leaves
+    path = folder / f"ckpt-{optimizer}-{int(sharded)}" / "checkpoints" / "epoch-0002" / \
+        "trainer.states"
+    states, optimizer_object = pickle.loads(path.read_bytes())
+    return ({index: [a.asnumpy() for a in leaves(state) if a is not None]
+             for index, state in states.items()}, optimizer_object)
+
+
+@pytest.mark.parametrize("optimizer", RESUMED)
+def test_a_sharded_checkpoint_holds_the_unsharded_state(jobs, optimizer):
+    """The last checkpoint of a 2-rank sharded run holds the optimizer state an unsharded
+    run's holds (Trainer.save_states's format: each parameter's state in its shape, within
+    1e-6; bit for bit but LAMB's), and the same update counts for every parameter, those
+    rank 0 updates no piece of too. The sharded run's saves inside the epochs (the
+    gathers) changed none of its weights: they end as the unsharded run's."""
+    arrays, _, folder = jobs(2)
+    sharded_weights, plain_weights = (_named(arrays[0], f"{optimizer}-saved-{s}")
+                                      for s in (1, 0))
+    assert sharded_weights and sorted(sharded_weights) == sorted(plain_weights)
+    for name in plain_weights:
+        assert_arrays_close(sharded_weights[name], plain_weights[name], 1e-6, what=name)
+    assert len(list((folder / f"ckpt-{optimizer}-1" / "checkpoints").glob("epoch-*"))) == 3
+    (sharded, sharded_opt), (plain, plain_opt) = (_states(folder, optimizer, s)
+                                                  for s in (True, False))
+    assert sorted(sharded) == sorted(plain) == list(range(6))
+    for index in plain:
+        assert len(sharded[index]) == len(plain[index]) == STATES_PER_ELEMENT[optimizer]
+        for mine, theirs in zip(sharded[index], plain[index]):
+            assert mine.shape == theirs.shape
+            assert_arrays_close(mine, theirs, 1e-6, what=f"{optimizer} state of {index}")
+            if optimizer != "lamb":
+                assert np.array_equal(mine, theirs)
+    assert sharded_opt._index_update_count == plain_opt._index_update_count  # noqa
+    assert sharded_opt.num_update == plain_opt.num_update > 0
+
+
+@pytest.mark.parametrize("optimizer", RESUMED)
+def test_a_sharded_resume_at_the_same_world_size_is_exact(jobs, optimizer):
+    """2 ranks: a sharded run resumed from its checkpoint inside the second epoch (step 8 of
+    12) ends bit for bit as the run that was not interrupted, on every rank."""
+    arrays, _, _ = jobs(2)
+    whole = _named(arrays[0], f"{optimizer}-saved-1")
+    assert whole
+    for rank_arrays in arrays:
+        resumed = _named(rank_arrays, f"{optimizer}-resumed-1")
+        assert sorted(resumed) == sorted(whole)
+        assert all(np.array_equal(resumed[n], whole[n]) for n in whole)
+
+
+@pytest.mark.parametrize("optimizer", RESUMED)
+def test_three_ranks_resume_two_ranks_checkpoint_as_an_unsharded_resume(jobs, optimizer):
+    """3 ranks resume the 2-rank sharded run's last checkpoint for a third epoch, sharded
+    and unsharded: the state re-sliced over 3 ranks continues as the whole state does (within 1e-6: the
+    3-rank reduce-scatter adds in another order than the allreduce); the sharded resume
+    of the unsharded run's checkpoint too; every rank holds the same arrays."""
+    arrays, _, _ = jobs(3)
+    plain = _named(arrays[0], f"{optimizer}-from2-0")
+    saved = _named(jobs(2)[0][0], f"{optimizer}-saved-1")
+    assert plain and all(not np.array_equal(plain[n], saved[n]) for n in plain)
+    for case in ("from2-1", "from2plain-1"):
+        sharded = _named(arrays[0], f"{optimizer}-{case}")
+        assert sorted(sharded) == sorted(plain)
+        for name in plain:
+            assert_arrays_close(sharded[name], plain[name], 1e-6, what=f"{case} {name}")
+        for other in arrays[1:]:
+            theirs = _named(other, f"{optimizer}-{case}")
+            assert all(np.array_equal(sharded[n], theirs[n]) for n in sharded)

@@ -69,7 +69,6 @@ def test_a_slice_cut_inside_and_across_parameters():
     (dict(clip_grad_norm=1.0), "--clip-grad-norm"),
     (dict(ema=0.9), "--ema"),
     (dict(elastic=True), "--elastic"),
-    (dict(output_dir="/tmp/run"), "--output-dir"),
 ])
 def test_combinations_not_sharded_yet_are_refused_in_one_line(changes, needle):
     with pytest.raises(ConfigError) as err:
@@ -93,46 +92,105 @@ def test_an_optimizer_not_per_element_is_refused(name):
                        bucket_mb=1.0)
 
 
+def _trained(kind, name, start, x, y, steps, states=None, **options):
+    """A copy of `start` trained `steps` steps by a trainer of `kind` (its states loaded from
+    the file `states` first); (net, trainer)."""
+    from hvdtrain.store.kvstore import HorovodKVStore
+    net = _net()
+    for mine, theirs in zip(net.collect_params().values(), start.collect_params().values()):
+        mine.set_data(theirs.data())
+    list(net.collect_params().values())[0].lr_mult = 0.3
+    settings = {"learning_rate": 0.01, "wd": 0.01}
+    if name == "sgd":
+        settings["momentum"] = 0.9
+    trainer = kind(net.collect_params(), name, settings, kvstore=HorovodKVStore(),
+                   update_on_kvstore=False, **options)
+    if states is not None:
+        trainer.load_states(states)
+    for _ in range(steps):
+        with mx.autograd.record():
+            loss = gluon.loss.L2Loss()(net(x), y)
+        loss.backward()
+        trainer.step(6)
+    return net, trainer
+
+
+def _weights(net):
+    return [p.data().asnumpy() for p in net.collect_params().values()]
+
+
 @pytest.mark.parametrize("name", ["adam", "lamb"])
-def test_one_rank_updates_as_the_bucketed_trainer_and_refuses_to_save(tmp_path, name):
+def test_one_rank_updates_as_the_bucketed_trainer(name):
     """Alone, a rank's slice is every bucket: the same update as BucketedTrainer's (bit for
     bit with Adam; LAMB's norms are taken by other kernels than MXNet's fused
-    multi_lamb_update), its state in the sharded updater; saving or loading the whole state
-    is refused."""
+    multi_lamb_update), its state in the sharded updater; the replicated state's copies
+    (an elastic commit's) are refused."""
     from hvdtrain.store.buckets import BucketedTrainer
-    from hvdtrain.store.kvstore import HorovodKVStore
     from hvdtrain.store.sharded import ShardedTrainer
-    store = HorovodKVStore()  # one process: hvd.init() of size 1
     x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
     start = _net()
-    results = []
-    for kind in (BucketedTrainer, ShardedTrainer):
-        net = _net()
-        for mine, theirs in zip(net.collect_params().values(),
-                                start.collect_params().values()):
-            mine.set_data(theirs.data())
-        list(net.collect_params().values())[0].lr_mult = 0.3
-        trainer = kind(net.collect_params(), name, {"learning_rate": 0.01, "wd": 0.01},
-                       kvstore=store, update_on_kvstore=False, bucket_mb=1 / 8192)
-        for _ in range(3):
-            with mx.autograd.record():
-                loss = gluon.loss.L2Loss()(net(x), y)
-            loss.backward()
-            trainer.step(6)
-        results.append([p.data().asnumpy() for p in net.collect_params().values()])
+    results = [_weights(_trained(kind, name, start, x, y, 3, bucket_mb=1 / 8192)[0])
+               for kind in (BucketedTrainer, ShardedTrainer)]
+    _, trainer = _trained(ShardedTrainer, name, start, x, y, 1, bucket_mb=1 / 8192)
     for plain, sharded in zip(*results):
         if name == "adam":
             assert np.array_equal(plain, sharded)
         np.testing.assert_allclose(sharded, plain, rtol=1e-6, atol=1e-7)
     assert len(trainer.buckets) > 1 and trainer.state_bytes() == 2 * 4 * sum(
         a.size for a in results[1])
-    with pytest.raises(NotImplementedError, match="shard_optimizer"):
-        trainer.save_states(str(tmp_path / "states"))
     with pytest.raises(NotImplementedError, match="call step"):
         trainer.allreduce_grads()
-    from hvdtrain.store.gluon_internals import optimizer_states_later
+    from hvdtrain.store.gluon_internals import optimizer_states
     with pytest.raises(NotImplementedError, match="shard_optimizer"):
-        optimizer_states_later(trainer)
+        optimizer_states(trainer)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "lamb"])
+def test_the_saved_state_is_an_unsharded_trainers_and_resumes_both_ways(tmp_path, name):
+    """A sharded trainer's ``save_states`` writes what an unsharded (bucketed) trainer's
+    writes after the same steps: the same arrays per parameter, in its shape, and the same
+    update counts; either file resumes either trainer to the same weights as three steps
+    uninterrupted (bit for bit with Adam and SGD)."""
+    import pickle
+    from hvdtrain.store.buckets import BucketedTrainer
+    from hvdtrain.store.sharded import ShardedTrainer
+    x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
+    start = _net()
+    files, after = {}, {}
+    for kind in (BucketedTrainer, ShardedTrainer):
+        net, trainer = _trained(kind, name, start, x, y, 2, bucket_mb=1 / 8192)
+        files[kind] = str(tmp_path / kind.__name__)
+        trainer.save_states(files[kind])
+        after[kind] = _weights(net)
+    (plain, plain_opt), (sharded, sharded_opt) = (
+        pickle.loads(open(files[k], "rb").read()) for k in (BucketedTrainer, ShardedTrainer))
+    assert sorted(plain) == sorted(sharded) == list(range(4))
+    for index in plain:
+        mine = [a for a in _leaves(sharded[index])]
+        theirs = [a for a in _leaves(plain[index])]
+        assert len(mine) == len(theirs) == {"sgd": 1}.get(name, 2)
+        for a, b in zip(mine, theirs):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)
+    assert sharded_opt._index_update_count == plain_opt._index_update_count  # noqa
+    assert sharded_opt.num_update == plain_opt.num_update == 2
+    whole = _weights(_trained(BucketedTrainer, name, start, x, y, 3, bucket_mb=1 / 8192)[0])
+    for kind in (BucketedTrainer, ShardedTrainer):
+        for source in (BucketedTrainer, ShardedTrainer):
+            resumed_start = _net()
+            for p, value in zip(resumed_start.collect_params().values(), after[source]):
+                p.set_data(mx.nd.array(value))
+            net, _ = _trained(kind, name, resumed_start, x, y, 1, states=files[source],
+                              bucket_mb=1 / 8192)
+            for got, want in zip(_weights(net), whole):
+                if name != "lamb":
+                    assert np.array_equal(got, want), (kind.__name__, source.__name__)
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def _leaves(state):
+    from hvdtrain.store.shard_checkpoint import leaves
+    return [leaf for leaf in leaves(state) if leaf is not None]
 
 
 @pytest.mark.parametrize("on", [False, True])

@@ -46,10 +46,13 @@ logger = logging.getLogger("hvdtrain")
 VOTES = ("stop", "save", "failed", "busy", "end")
 
 
-def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -> HostCopy:
+def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None,
+              states: Optional[Callable[[], bytes]] = None) -> HostCopy:
     """`net`'s arrays (with `replace`'s instead where it names one) and `trainer`'s optimizer
     state, copied to host memory: all a checkpoint holds, taken while training waits (memory
-    copies only: the optimizer state is serialised by the write)."""
+    copies only: the optimizer state is serialised by the write). `states`: the optimizer
+    state gathered already, on every rank (a sharded trainer's,
+    :func:`~hvdtrain.state.checkpoint.gathered_states`)."""
     # Writes MXNet's engine does not track (BatchNorm's running statistics under static
     # allocation: loop/engine/replicas.py) must be done before the copy reads them.
     mx.nd.waitall()
@@ -58,7 +61,9 @@ def host_copy(net, trainer, with_states: bool, replace: Optional[dict] = None) -
         arrays[name] = value.copy()
     for value in arrays.values():
         value.wait_to_read()
-    return HostCopy(arrays, optimizer_states_later(trainer) if with_states else None)
+    if with_states and states is None:
+        states = optimizer_states_later(trainer)
+    return HostCopy(arrays, states if with_states else None)
 
 
 class Boundary:

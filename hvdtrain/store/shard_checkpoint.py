@@ -1,0 +1,110 @@
+"""The sharded optimizer state (:mod:`.sharded`) as one whole state, and back.
+
+A checkpoint of a sharded run holds the optimizer state an unsharded run of the same model
+holds, in the same file (``Trainer.save_states``'s pickle: per parameter position, its state
+arrays in the parameter's shape, and the optimizer object with its update counts and rate
+schedule). So a checkpoint resumes at any world size, sharded or not, and a sharded run
+resumes from an unsharded run's checkpoint: each rank cuts its pieces out of the whole.
+
+Gathering is a collective: per bucket and per state array of its optimizer (Adam's mean and
+variance: two), one Horovod ``allgather`` of every rank's slice, padded to the largest slice
+(a rank whose slice of a small bucket is empty sends padding, which MXNet can allocate). The
+whole state is assembled in host memory, as a background checkpoint write copies it anyway.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import mxnet as mx
+import numpy as np
+
+from .shard_plan import Piece, shard_bounds
+
+
+def leaves(state) -> List[Optional[mx.nd.NDArray]]:
+    """The arrays of one parameter's state (an NDArray, None, or nested tuples and lists of
+    them), in order."""
+    if isinstance(state, (tuple, list)):
+        return [leaf for part in state for leaf in leaves(part)]
+    return [state]
+
+
+def rebuilt(template, arrays) -> object:
+    """`template`'s structure with its arrays taken in order from the iterator `arrays`."""
+    if isinstance(template, (tuple, list)):
+        return type(template)(rebuilt(part, arrays) for part in template)
+    return None if template is None else next(arrays)
+
+
+def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
+                 pieces: Sequence[Sequence[Piece]], states: Dict[int, object],
+                 template: Callable[[int], object], rank: int, ranks: int,
+                 allgather: Callable[[np.ndarray, str], np.ndarray],
+                 present: Callable[[np.ndarray], np.ndarray]) -> Dict[int, object]:
+    """Every rank: the whole optimizer state, {parameter position: state of its shape}, on
+    the CPU, from each rank's `states` of its `pieces` (per bucket, as planned).
+
+    Parameters
+    ----------
+    buckets, shapes
+        Each bucket's parameter positions; every parameter's shape, by position.
+    template : callable
+        ``template(position)``: a state of one element of that parameter, whose structure
+        and dtypes the whole state takes (the optimizer's ``create_state_multi_precision``).
+    allgather : callable
+        ``allgather(vector, name)``: the ranks' equal-length vectors, end to end.
+    present : callable
+        ``present(counts)``: per parameter position, the sum over ranks (how many ranks hold
+        a state of a piece of it: none before its first update).
+    """
+    held = np.zeros(len(shapes), dtype=np.float32)
+    for bucket_pieces in pieces:
+        for piece in bucket_pieces:
+            held[piece.param] += piece.param in states
+    held = present(held)
+    whole: Dict[int, object] = {}
+    arrays: Dict[int, List[mx.nd.NDArray]] = {}
+    for b, bucket in enumerate(buckets):
+        sizes = [int(np.prod(shapes[i])) for i in bucket]
+        bounds = shard_bounds(sum(sizes), ranks)
+        width = max(1, bounds[0][1] - bounds[0][0])  # the first slice is the largest
+        form = template(bucket[0])
+        for k, kind in enumerate(leaves(form)):
+            if kind is None:
+                continue
+            mine = np.zeros(width, dtype=kind.dtype)
+            for piece in pieces[b]:
+                state = states.get(piece.param)
+                if state is not None:
+                    mine[piece.offset:piece.offset + piece.size] = \
+                        leaves(state)[k].asnumpy().reshape(-1)
+            ends = allgather(mine, f"shard.state.{b}.{k}") if ranks > 1 else mine
+            flat = np.concatenate([ends[r * width:r * width + stop - start]
+                                   for r, (start, stop) in enumerate(bounds)])
+            offset = 0
+            for i, size in zip(bucket, sizes):
+                if held[i]:
+                    arrays.setdefault(i, []).append(
+                        mx.nd.array(flat[offset:offset + size].reshape(shapes[i]),
+                                    ctx=mx.cpu(), dtype=kind.dtype))
+                offset += size
+        for i in bucket:
+            if held[i]:  # a state of no arrays (SGD without momentum: None) is kept too
+                whole[i] = rebuilt(template(i), iter(arrays.get(i, [])))
+    return whole
+
+
+def sliced(whole: Dict[int, object], pieces: Sequence[Sequence[Piece]],
+           ctx: mx.Context) -> Dict[int, object]:
+    """This rank's states of its `pieces`, cut out of `whole` (a whole state, as
+    :func:`gather_whole` gives or an unsharded ``Trainer.save_states`` holds), on `ctx`."""
+    mine = {}
+    for bucket_pieces in pieces:
+        for piece in bucket_pieces:
+            state = whole.get(piece.param)
+            if state is None:
+                continue  # never updated when saved: created at its first update, as then
+            cut = (leaf.reshape(-1)[piece.start:piece.stop].as_in_context(ctx).copy()
+                   for leaf in leaves(state) if leaf is not None)
+            mine[piece.param] = rebuilt(state, cut)
+    return mine
