@@ -545,10 +545,6 @@ def check_shard_optimizer(cfg: RunConfig) -> None:
         (cfg.fp16_allreduce, "--fp16-allreduce: its slices travel in the gradients' own "
                              "type; drop one of them"),
         (cfg.amp, "--amp: AMP's overflow check reads whole gradients; drop one of them"),
-        (cfg.accumulate > 1, "--accumulate: not sharded yet; drop one of them"),
-        (cfg.clip_grad_norm is not None, "--clip-grad-norm: the global norm of sliced "
-                                         "gradients is not summed yet; drop one of them"),
-        (cfg.ema is not None, "--ema: not combined yet; drop one of them"),
         (cfg.elastic, "--elastic: its commits copy the whole optimizer state; drop one of "
                       "them"),
     )

@@ -56,6 +56,8 @@ from .shard_state import WholeStateRefused, state_bytes
 # state) and per-parameter scalars (rate, decay, update count): exact on any slice. LAMB
 # (a whole parameter's norms) is taken by shard_lamb.py; LARS/LBSGD (layer norms), Nadam (a
 # schedule advanced by every call), DCASGD/SGLD/Ftrl/Adamax and users' own classes are not.
+NORM_CHUNK = 2 ** 20  # values per float32 dot product of a squared norm
+
 SHARDABLE = (opt.SGD, opt.NAG, opt.Adam, opt.RMSProp, opt.AdaGrad, opt.AdaDelta, opt.FTML,
              opt.Signum)
 
@@ -100,6 +102,8 @@ class ShardedTrainer(BucketedTrainer):
         self._gathered: List[mx.nd.NDArray] = []  # per bucket, where its weights gather
         self._small: List[bool] = []
         self._loaded = None  # a whole state loaded before the slices were planned
+        self._scattered = None  # per bucket, the slice scatter_gradients() made for update()
+        self._own_slices = None  # their buffers
         super().__init__(*args, **kwargs)
         check_shardable(self._optimizer)
         if len(self._contexts) > 1:
@@ -206,8 +210,9 @@ class ShardedTrainer(BucketedTrainer):
                         f"shard_optimizer")
                 data._fresh_grad = False  # pylint: disable=protected-access
         self.shard_updater.optimizer = self._optimizer
+        scattered, self._scattered = self._scattered, None
         for b in range(len(self.buckets)):
-            self._step_bucket(b)
+            self._step_bucket(b, None if scattered is None else scattered[b])
         # Every rank counts every update, of parameters it holds no piece of too: the
         # optimizer object a checkpoint saves (rank 0's) is then every parameter's.
         owned = {piece.param for pieces in self.pieces for piece in pieces}
@@ -215,20 +220,59 @@ class ShardedTrainer(BucketedTrainer):
         if others:
             self._optimizer._update_count(others)  # pylint: disable=protected-access
 
-    def _step_bucket(self, b: int) -> None:
-        """Reduce-scatter bucket `b`, update this rank's slice of it, gather its weights:
-        each call queued (MXNet's engine runs them in order), none waited for."""
-        bucket, pieces, views = self.buckets[b], self.pieces[b], self._weight_views[b]
+    def _tag(self, b: int) -> str:
+        """Bucket `b`'s part of its collectives' names (a new plan, new names)."""
+        return f"{self.buckets[b][0]}" + (f".{self.replans}" if self.replans else "")
+
+    def _scatter(self, b: int, into=None) -> mx.nd.NDArray:
+        """Bucket `b`'s gradient summed over the ranks, this rank's slice of it (into the
+        shared slice buffer, or `into`)."""
         flat = self._flat_grads[b][0]
         hvd = self._kvstore._hvd  # pylint: disable=protected-access
-        tag = f"{bucket[0]}" + (f".{self.replans}" if self.replans else "")
+        tag = self._tag(b)
         if self._ranks == 1:
-            grad = flat
-        elif self._small[b]:
-            grad = hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
-        else:
-            grad = self._grad_slices[b]
-            reducescatter_into(flat, grad, f"shard.reducescatter.{tag}", priority=-min(bucket))
+            return flat
+        if self._small[b]:
+            return hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
+        grad = self._grad_slices[b] if into is None else into
+        reducescatter_into(flat, grad, f"shard.reducescatter.{tag}",
+                           priority=-min(self.buckets[b]))
+        return grad
+
+    def scatter_gradients(self) -> mx.nd.NDArray:
+        """Reduce-scatter every bucket now (each into a slice buffer of its own, about 1/N
+        of the gradients, made at the first call of a plan) and return this rank's sum of
+        squares of its slices, float32 on the CPU: summed over the ranks, the squared norm of
+        the summed gradient (each element is one rank's). The next ``update()`` applies
+        these slices. For ``--clip-grad-norm`` (loop/recipe/clipping.py), which must know
+        the whole norm before any slice is updated."""
+        self._allreduce_grads()
+        if self._own_slices is None or len(self._own_slices) != len(self.buckets):
+            self._own_slices = [None if self._ranks == 1 or self._small[b] else
+                                mx.nd.zeros(self._slice_sizes[b], ctx=self._contexts[0],
+                                            dtype=self._grad_slices[b].dtype)
+                                for b in range(len(self.buckets))]
+        self._scattered = [self._scatter(b, self._own_slices[b])
+                           for b in range(len(self.buckets))]
+        # A dot per chunk: float32 sums of millions of values lose digits (as the
+        # unsharded norm, loop/recipe/clipping.py).
+        squares = [mx.nd.dot(flat[i:i + NORM_CHUNK], flat[i:i + NORM_CHUNK]).as_in_context(
+            mx.cpu()) for flat in (grad.reshape((-1,)).astype("float32", copy=False)
+                                   for grad in self._scattered)
+            for i in range(0, flat.size, NORM_CHUNK)]
+        if not squares:
+            return mx.nd.zeros(1, ctx=mx.cpu())
+        return mx.nd.add_n(*squares) if len(squares) > 1 else squares[0]
+
+    def _step_bucket(self, b: int, grad=None) -> None:
+        """Reduce-scatter bucket `b` (unless `grad`, its slice, was already), update this
+        rank's slice of it, gather its weights: each call queued (MXNet's engine runs them
+        in order), none waited for."""
+        bucket, pieces, views = self.buckets[b], self.pieces[b], self._weight_views[b]
+        hvd = self._kvstore._hvd  # pylint: disable=protected-access
+        tag = self._tag(b)
+        if grad is None:
+            grad = self._scatter(b)
         indices = [piece.param for piece in pieces]
         grads = [grad[piece.offset:piece.offset + piece.size] for piece in pieces]
         if isinstance(self._optimizer, opt.LAMB):  # every rank: its norms are a collective

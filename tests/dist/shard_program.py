@@ -13,6 +13,9 @@ checkpoint of step 8 (case ``<optimizer>-resumed-1``). At 3 ranks (CHECKPOINTS_O
 2-rank job's OUT_DIR), a sharded and an unsharded run resume the 2-rank sharded run's last
 checkpoint for one more epoch (cases ``<optimizer>-from2-<sharded>``), and a sharded one the
 unsharded's (``<optimizer>-from2plain-1``).
+
+COMBINED: Adam with --accumulate 2, with --clip-grad-norm (one rank's first step unusable)
+and with --ema (its average saved as ``ema.<param>``), sharded and not.
 """
 import json
 import os
@@ -97,6 +100,8 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOC
                   epochs=epochs)
     arrays = {k: p.data().asnumpy()
               for k, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access
+    if estimator.ema is not None:
+        arrays.update({f"ema.{k}": np.asarray(v) for k, v in estimator.ema.state().items()})
     info = {"steps": estimator.state.step,
             "elements": sum(int(a.size) for a in arrays.values())}
     if isinstance(estimator.trainer, ShardedTrainer):
@@ -108,6 +113,13 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOC
         info["buckets"] = len(estimator.trainer.buckets)
         info["pieces"] = sum(len(p) for p in estimator.trainer.pieces)
     return arrays, info
+
+
+# With the run's other options (Adam): cases named <option>-<unusable>-<sharded>. The
+# clipping's limit is below the gradients' norms here (the test sees it change the result).
+COMBINED = {"accumulate": (0, dict(accumulate=2)),
+            "clip": (1, dict(clip_grad_norm=0.05)),
+            "ema": (0, dict(ema=0.9))}
 
 
 def checkpoint_cases(store, start, out, of_two):
@@ -157,6 +169,11 @@ def main():
         case = f"tiny-0-{int(sharded)}"
         arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    for option, (unusable, options) in COMBINED.items():
+        for sharded in (False, True):
+            case = f"{option}-{unusable}-{int(sharded)}"
+            arrays, infos[case] = run_case(store, start, "adam", unusable, sharded, **options)
+            saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     for case, (arrays, infos[case]) in checkpoint_cases(store, start, out, of_two).items():
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     np.savez(os.path.join(out, f"rank{store.rank}.npz"), **saved)

@@ -192,3 +192,27 @@ def test_three_ranks_resume_two_ranks_checkpoint_as_an_unsharded_resume(jobs, op
         for other in arrays[1:]:
             theirs = _named(other, f"{optimizer}-{case}")
             assert all(np.array_equal(sharded[n], theirs[n]) for n in sharded)
+
+
+@pytest.mark.parametrize("option,unusable", [("accumulate", 0), ("clip", 1), ("ema", 0)])
+def test_sharded_with_the_runs_other_options(job, option, unusable):
+    """Adam with --accumulate 2, with --clip-grad-norm (each rank's squares of its slices
+    summed over the ranks; one rank's whole first step unusable) and with --ema (its
+    average too): sharded ends as unsharded within 1e-6, every rank alike, and the option
+    changed the result (it ran)."""
+    arrays, reports = job
+    plain = _named(arrays[0], f"{option}-{unusable}-0")
+    sharded = _named(arrays[0], f"{option}-{unusable}-1")
+    assert plain and sorted(plain) == sorted(sharded)
+    assert any(n.startswith("ema.") for n in plain) == (option == "ema")
+    for name in plain:
+        assert_arrays_close(sharded[name], plain[name], 1e-6, what=f"{option} {name}")
+    for other in arrays[1:]:
+        theirs = _named(other, f"{option}-{unusable}-1")
+        assert all(np.array_equal(sharded[n], theirs[n]) for n in sharded)
+    without = _case(arrays[0], "adam", unusable, False)
+    if option == "ema":  # the average is not the weights
+        assert all(not np.allclose(plain[f"ema.{n}"], plain[n], rtol=0, atol=1e-5)
+                   for n in without)
+    else:
+        assert any(not np.allclose(plain[n], without[n], rtol=0, atol=1e-5) for n in without)

@@ -65,9 +65,6 @@ def test_a_slice_cut_inside_and_across_parameters():
     (dict(compression="powersgd"), "--compression powersgd"),
     (dict(fp16_allreduce=True), "--fp16-allreduce"),
     (dict(amp=True), "--amp"),
-    (dict(accumulate=2), "--accumulate"),
-    (dict(clip_grad_norm=1.0), "--clip-grad-norm"),
-    (dict(ema=0.9), "--ema"),
     (dict(elastic=True), "--elastic"),
 ])
 def test_combinations_not_sharded_yet_are_refused_in_one_line(changes, needle):

@@ -18,6 +18,10 @@ that costs the launch queue's head start (docs/training.md).
 
 A norm that is not finite (AMP's loss scale overflowed: AMP then skips the update) leaves the
 factor at 1 and is counted apart from the epoch's figures.
+
+Under ``--shard-optimizer`` no rank holds the whole reduced gradient: each reduce-scatters
+every bucket first and holds its slices; their squares summed over the ranks are the
+squared norm (each element is one rank's), and the update applies the slices it holds.
 """
 from __future__ import annotations
 
@@ -65,8 +69,11 @@ class GradClipper:
         # The exchange sees this step's divisor, as in step(samples): PowerSGD keeps its
         # errors in those units, and the last update left its clipped scaling there.
         set_step_divisor(trainer, samples)
-        trainer.allreduce_grads()
-        norm = self.norm(trainer, samples)
+        if hasattr(trainer, "scatter_gradients"):
+            norm = self.sharded_norm(trainer, samples)
+        else:
+            trainer.allreduce_grads()
+            norm = self.norm(trainer, samples)
         factor = 1.0
         if math.isfinite(norm):
             self.norms.append(norm)
@@ -99,6 +106,15 @@ class GradClipper:
             workers = self.dist.num_workers
         # sqrt keeps inf and nan as they are: the caller tells them apart.
         return math.sqrt(float(total.asscalar()) / workers) * gradient_scale(trainer) / samples
+
+    def sharded_norm(self, trainer, samples: int) -> float:
+        """:meth:`norm` under ``--shard-optimizer`` (store/sharded.py): each rank holds a
+        slice of the summed gradient, so the squares of the slices are summed over the
+        ranks (not averaged); the next ``update`` applies those slices."""
+        total = trainer.scatter_gradients()
+        if self.dist.num_workers > 1 and self.dist.synchronous:
+            total = self.dist.sum_across_workers(COLLECTIVE_NAME, total)
+        return math.sqrt(float(total.asscalar())) * gradient_scale(trainer) / samples
 
     def _gradients(self, trainer) -> List[mx.nd.NDArray]:
         """Arrays holding each gradient of the first device once: the zero-copy buckets'
