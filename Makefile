@@ -10,12 +10,18 @@ install:
 	bash scripts/install-deps.sh --venv $(VENV)
 
 # Test-only: GluonCV and GluonNLP, whose models, metrics, losses and samplers the suite runs
-# unchanged (tests/ecosystem-requirements.txt says why GluonCV goes in without its deps).
-ECOSYSTEM_PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+# unchanged, in a folder of their own that only the tests using them put on their path
+# (tests/ecosystem.py: with scipy in the venv every `import mxnet` imported scipy.stats too).
+# A venv an older `make` put them in loses them here.
+ECOSYSTEM_DIR := .ecosystem
+ECOSYSTEM_PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
+    --no-deps --target $(ECOSYSTEM_DIR)
 ecosystem: install
-	$(PY) -c "import gluoncv, gluonnlp" 2>/dev/null || { \
-	    $(ECOSYSTEM_PIP) -r tests/ecosystem-requirements.txt && \
-	    $(ECOSYSTEM_PIP) --no-deps gluoncv==0.10.5; }
+	PYTHONPATH=$(ECOSYSTEM_DIR) $(PY) -c "import gluoncv, gluonnlp" 2>/dev/null || { \
+	    rm -rf $(ECOSYSTEM_DIR) && $(ECOSYSTEM_PIP) -r tests/ecosystem-requirements.txt && \
+	    rm -rf $(ECOSYSTEM_DIR)/tests; }
+	! $(PY) -c "import scipy" 2>/dev/null || \
+	    $(PY) -m pip uninstall -y -q gluoncv gluonnlp scipy portalocker
 
 # The main job: 2 ranks on this machine, digits (bundled, no download).
 # It starts over in runs/demo each time and fails unless the final test accuracy is >= 0.95.

@@ -14,7 +14,12 @@ if sys.version_info < (3, 12):
 
 import pytest  # noqa: E402
 
+import ecosystem  # noqa: E402
 import helpers  # noqa: E402
+
+# GluonCV and GluonNLP, for the tests that import them here (the programs they start put
+# them on their own path): apart from the venv, which the other processes see without scipy.
+ecosystem.on_path()
 
 
 def pytest_collection_modifyitems(items):

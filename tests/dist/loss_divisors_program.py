@@ -37,6 +37,9 @@ import sys
 
 import mxnet as mx
 import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem  # noqa: E402  (tests/ecosystem.py)
+ecosystem.on_path()  # GluonCV and GluonNLP live apart from the venv
 from gluoncv.loss import MixSoftmaxCrossEntropyLoss, SoftmaxCrossEntropyLoss, SSDMultiBoxLoss
 from mxnet import autograd, gluon
 

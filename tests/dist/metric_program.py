@@ -25,6 +25,9 @@ import sys
 import mxnet as mx
 import numpy as np
 from mxnet import gluon
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem  # noqa: E402  (tests/ecosystem.py)
+ecosystem.on_path()  # GluonCV and GluonNLP live apart from the venv
 from gluoncv.utils.metrics.segmentation import SegmentationMetric
 from gluoncv.utils.metrics.voc_detection import VOCMApMetric
 

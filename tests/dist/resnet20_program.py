@@ -22,6 +22,9 @@ import numpy as np
 from mxnet import gluon
 from mxnet.gluon.data.vision import transforms
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem  # noqa: E402  (tests/ecosystem.py)
+ecosystem.on_path()  # GluonCV and GluonNLP live apart from the venv
 from gluoncv.data import transforms as gcv_transforms
 from gluoncv.model_zoo import get_model
 

@@ -18,6 +18,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem  # noqa: E402  (tests/ecosystem.py)
+ecosystem.on_path()  # GluonCV and GluonNLP live apart from the venv
 from gluoncv.loss import MixSoftmaxCrossEntropyLoss
 from gluoncv.model_zoo.fastscnn import FastSCNN
 from gluoncv.utils.metrics import SegmentationMetric
