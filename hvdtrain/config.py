@@ -542,9 +542,6 @@ def check_shard_optimizer(cfg: RunConfig) -> None:
                                  "--grad-bucket-mb above 0"),
         (cfg.compression != "none", f"--compression {cfg.compression}: it exchanges whole "
                                     "slices; drop one of them"),
-        (cfg.fp16_allreduce, "--fp16-allreduce: its slices travel in the gradients' own "
-                             "type; drop one of them"),
-        (cfg.amp, "--amp: AMP's overflow check reads whole gradients; drop one of them"),
         (cfg.elastic, "--elastic: its commits copy the whole optimizer state; drop one of "
                       "them"),
     )

@@ -240,6 +240,30 @@ def set_loss_scale(trainer) -> None:
         trainer._scale = trainer._amp_original_scale / scaler.loss_scale  # pylint: disable=protected-access
 
 
+def amp_scaler(trainer):
+    """`trainer`'s AMP loss scaler (``amp.init_trainer`` sets it), or None."""
+    return getattr(trainer, "_amp_loss_scaler", None)
+
+
+class _Decided:
+    """A stand-in parameter for a loss scaler's ``has_overflow``: its one gradient is
+    finite or not, as a decision taken elsewhere says."""
+
+    def __init__(self, overflowed: bool):
+        self._grad = [mx.nd.array([float("inf") if overflowed else 0.0])]
+
+
+def amp_skips_update(trainer, overflowed: bool) -> bool:
+    """Whether `trainer`'s AMP loss scaler skips this update, `overflowed` being whether any
+    gradient element of any rank is not finite (decided over the ranks, the same on every
+    one). MXNet 1.9.1's ``Trainer._update`` asks ``has_overflow(params)``, which reads every
+    parameter's gradient; a sharded trainer (:mod:`.sharded`) holds slices only, so the
+    scaler's own ``has_overflow`` (its loss-scale bookkeeping: halve after an overflow,
+    double after 2000 clean updates; or a user's subclass) is given one stand-in parameter
+    that overflowed or did not."""
+    return bool(amp_scaler(trainer).has_overflow([_Decided(overflowed)]))
+
+
 def set_step_divisor(trainer, samples: float) -> None:
     """Set `trainer`'s ``rescale_grad`` for a step over `samples` samples, as ``step(samples)``
     does before it exchanges; ``allreduce_grads()`` alone leaves the last update's there.

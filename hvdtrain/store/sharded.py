@@ -41,12 +41,13 @@ import pickle
 from typing import List
 
 import mxnet as mx
+import numpy as np
 from mxnet import optimizer as opt
 
 from ..config import ConfigError
 from .buckets import BucketedTrainer
 from .collectives_into import allgather_into, reducescatter_into
-from .gluon_internals import StatesLater, states_later
+from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
 from .shard_checkpoint import gather_whole, sliced
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards
@@ -57,6 +58,7 @@ from .shard_state import WholeStateRefused, state_bytes
 # (a whole parameter's norms) is taken by shard_lamb.py; LARS/LBSGD (layer norms), Nadam (a
 # schedule advanced by every call), DCASGD/SGLD/Ftrl/Adamax and users' own classes are not.
 NORM_CHUNK = 2 ** 20  # values per float32 dot product of a squared norm
+AMP_CHUNK = 200  # arrays per multi_all_finite call (as MXNet's LossScaler checks them)
 
 SHARDABLE = (opt.SGD, opt.NAG, opt.Adam, opt.RMSProp, opt.AdaGrad, opt.AdaDelta, opt.FTML,
              opt.Signum)
@@ -104,6 +106,8 @@ class ShardedTrainer(BucketedTrainer):
         self._loaded = None  # a whole state loaded before the slices were planned
         self._scattered = None  # per bucket, the slice scatter_gradients() made for update()
         self._own_slices = None  # their buffers
+        self._half_wire = False  # --fp16-allreduce: the reduce-scatter sends float16
+        self._half_views = []  # per bucket, its float16 wire and sum: views made once a plan
         super().__init__(*args, **kwargs)
         check_shardable(self._optimizer)
         if len(self._contexts) > 1:
@@ -157,6 +161,7 @@ class ShardedTrainer(BucketedTrainer):
         # MXNet cannot allocate: Horovod's own calls size those (a few elements a step).
         self._small = [total < ranks for total in totals]
         self._grad_slices, self._gathered = [], []
+        self._half_wire = ranks > 1 and getattr(self._kvstore, "compression", "none") == "fp16"
         if ranks == 1:
             return
         dtypes = [flats[0].dtype for flats in self._flat_grads]
@@ -171,6 +176,17 @@ class ShardedTrainer(BucketedTrainer):
             self._grad_slices.append(slices[dtype][:max(size, 1)])
             self._gathered.append(gathers[dtype][:total] if len(bucket) > 1 else
                                   self._params[bucket[0]].list_data()[0].reshape(-1))
+        self._half_views = []
+        if self._half_wire:  # the float16 copies of the largest float32 bucket and slice
+            wide = [(total, size) for dtype, total, size in
+                    zip(dtypes, totals, self._slice_sizes) if dtype == np.float32]
+            half_bucket = mx.nd.zeros(max([t for t, _ in wide] + [1]), ctx=ctx,
+                                      dtype=np.float16)
+            half_slice = mx.nd.zeros(max([n for _, n in wide] + [1]), ctx=ctx,
+                                     dtype=np.float16)
+            # Views kept for the plan's life: Horovod's queued call holds their handles.
+            self._half_views = [(half_bucket[:total], half_slice[:max(size, 1)])
+                                for total, size in zip(totals, self._slice_sizes)]
         mx.nd.waitall()  # allocated before Horovod's thread sizes them
 
     @property
@@ -210,6 +226,12 @@ class ShardedTrainer(BucketedTrainer):
                         f"shard_optimizer")
                 data._fresh_grad = False  # pylint: disable=protected-access
         self.shard_updater.optimizer = self._optimizer
+        if amp_scaler(self) is not None:  # Trainer._update's check, over the ranks' slices
+            if self._scattered is None:
+                self._scatter_all()
+            if amp_skips_update(self, self._overflowed()):
+                self._scattered = None
+                return
         scattered, self._scattered = self._scattered, None
         for b in range(len(self.buckets)):
             self._step_bucket(b, None if scattered is None else scattered[b])
@@ -232,11 +254,24 @@ class ShardedTrainer(BucketedTrainer):
         tag = self._tag(b)
         if self._ranks == 1:
             return flat
+        half = self._half_wire and flat.dtype == np.float32
         if self._small[b]:
-            return hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
+            if not half:
+                return hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
+            return hvd.reducescatter(flat.astype(np.float16), op=hvd.Sum,
+                                     name=f"shard.reducescatter.{tag}").astype(np.float32)
         grad = self._grad_slices[b] if into is None else into
-        reducescatter_into(flat, grad, f"shard.reducescatter.{tag}",
+        if not half:
+            reducescatter_into(flat, grad, f"shard.reducescatter.{tag}",
+                               priority=-min(self.buckets[b]))
+            return grad
+        # The float16 wire (--fp16-allreduce): the bucket cast into a float16 buffer, its
+        # slice summed in float16 (as the store's allreduce sums), cast back for the update.
+        wire, summed = self._half_views[b]
+        mx.nd.cast(flat, dtype=np.float16, out=wire)
+        reducescatter_into(wire, summed, f"shard.reducescatter.{tag}",
                            priority=-min(self.buckets[b]))
+        mx.nd.cast(summed, dtype=np.float32, out=grad)
         return grad
 
     def scatter_gradients(self) -> mx.nd.NDArray:
@@ -246,14 +281,7 @@ class ShardedTrainer(BucketedTrainer):
         the summed gradient (each element is one rank's). The next ``update()`` applies
         these slices. For ``--clip-grad-norm`` (loop/recipe/clipping.py), which must know
         the whole norm before any slice is updated."""
-        self._allreduce_grads()
-        if self._own_slices is None or len(self._own_slices) != len(self.buckets):
-            self._own_slices = [None if self._ranks == 1 or self._small[b] else
-                                mx.nd.zeros(self._slice_sizes[b], ctx=self._contexts[0],
-                                            dtype=self._grad_slices[b].dtype)
-                                for b in range(len(self.buckets))]
-        self._scattered = [self._scatter(b, self._own_slices[b])
-                           for b in range(len(self.buckets))]
+        self._scatter_all()
         # A dot per chunk: float32 sums of millions of values lose digits (as the
         # unsharded norm, loop/recipe/clipping.py).
         squares = [mx.nd.dot(flat[i:i + NORM_CHUNK], flat[i:i + NORM_CHUNK]).as_in_context(
@@ -263,6 +291,33 @@ class ShardedTrainer(BucketedTrainer):
         if not squares:
             return mx.nd.zeros(1, ctx=mx.cpu())
         return mx.nd.add_n(*squares) if len(squares) > 1 else squares[0]
+
+    def _scatter_all(self) -> None:
+        """Reduce-scatter every bucket into a slice buffer of its own (made once a plan),
+        for the next ``update()``."""
+        self._allreduce_grads()
+        if self._own_slices is None or len(self._own_slices) != len(self.buckets):
+            self._own_slices = [None if self._ranks == 1 or self._small[b] else
+                                mx.nd.zeros(self._slice_sizes[b], ctx=self._contexts[0],
+                                            dtype=self._grad_slices[b].dtype)
+                                for b in range(len(self.buckets))]
+        self._scattered = [self._scatter(b, self._own_slices[b])
+                           for b in range(len(self.buckets))]
+
+    def _overflowed(self) -> bool:
+        """Whether any element of any rank's scattered slices is not finite (AMP's check of
+        the summed gradient, made of every rank's part of it: the same on every rank)."""
+        slices = [grad for grad in self._scattered if grad.size]
+        finite = mx.nd.ones((1,), ctx=self._contexts[0])
+        for i in range(0, len(slices), AMP_CHUNK):
+            part = slices[i:i + AMP_CHUNK]
+            mx.nd.multi_all_finite(*part, num_arrays=len(part), init_output=False,
+                                   out=finite)
+        bad = 1 - finite
+        if self._ranks > 1:
+            self._kvstore.sum_exact("shard.overflow" + (f".{self.replans}" if self.replans
+                                                        else ""), bad)
+        return bool(bad.asscalar() > 0)
 
     def _step_bucket(self, b: int, grad=None) -> None:
         """Reduce-scatter bucket `b` (unless `grad`, its slice, was already), update this
@@ -371,6 +426,7 @@ class ShardedTrainer(BucketedTrainer):
             self._take_slices(states)
 
     def _take_slices(self, whole: dict) -> None:
-        self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
+        self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0],
+                                           [param.shape for param in self._params])
         self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
         self._loaded = None

@@ -14,8 +14,8 @@ checkpoint of step 8 (case ``<optimizer>-resumed-1``). At 3 ranks (CHECKPOINTS_O
 checkpoint for one more epoch (cases ``<optimizer>-from2-<sharded>``), and a sharded one the
 unsharded's (``<optimizer>-from2plain-1``).
 
-COMBINED: Adam with --accumulate 2, with --clip-grad-norm (one rank's first step unusable)
-and with --ema (its average saved as ``ema.<param>``), sharded and not.
+COMBINED: Adam with --accumulate 2, with --clip-grad-norm (one rank's first step unusable),
+with --ema (its average saved as ``ema.<param>``) and with the float16 wire, sharded and not.
 """
 import json
 import os
@@ -48,15 +48,19 @@ OPTIMIZERS = {
 def make_net(tiny=False):
     """The MLP; `tiny`: one Dense(1) of 300 inputs instead, whose bias (1 element) is a
     bucket of its own, smaller than the ranks (some rank's slice of it is empty)."""
-    net = gluon.nn.HybridSequential()
-    if tiny:
-        net.add(gluon.nn.Dense(1, in_units=TINY_FEATURES))
-        net.initialize(mx.init.Xavier())
-        return net
-    net.add(gluon.nn.Dense(24, activation="relu", in_units=FEATURES),
-            gluon.nn.Dense(24, activation="tanh", in_units=24),
-            gluon.nn.Dense(3, in_units=24))
+    # One prefix for every instance: the Trainer orders parameters by name, and a resumed
+    # state is matched to them by that order (counted prefixes past 99 sort differently).
+    net = gluon.nn.HybridSequential(prefix="mlp_")
+    with net.name_scope():
+        if tiny:
+            net.add(gluon.nn.Dense(1, in_units=TINY_FEATURES))
+        else:
+            net.add(gluon.nn.Dense(24, activation="relu", in_units=FEATURES),
+                    gluon.nn.Dense(24, activation="tanh", in_units=24),
+                    gluon.nn.Dense(3, in_units=24))
     net.initialize(mx.init.Xavier())
+    if tiny:
+        return net
     params = net._collect_params_with_prefix()  # pylint: disable=protected-access
     # Per-parameter multipliers: a slice spanning parameters must apply each one's own.
     params["0.weight"].lr_mult = 0.5
@@ -119,7 +123,8 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOC
 # clipping's limit is below the gradients' norms here (the test sees it change the result).
 COMBINED = {"accumulate": (0, dict(accumulate=2)),
             "clip": (1, dict(clip_grad_norm=0.05)),
-            "ema": (0, dict(ema=0.9))}
+            "ema": (0, dict(ema=0.9)),
+            "fp16": (0, dict(fp16_allreduce=True))}
 
 
 def checkpoint_cases(store, start, out, of_two):
@@ -169,10 +174,13 @@ def main():
         case = f"tiny-0-{int(sharded)}"
         arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    half_store = create_store("horovod", compression="fp16", fuse_calls=False)
     for option, (unusable, options) in COMBINED.items():
         for sharded in (False, True):
             case = f"{option}-{unusable}-{int(sharded)}"
-            arrays, infos[case] = run_case(store, start, "adam", unusable, sharded, **options)
+            arrays, infos[case] = run_case(half_store if options.get("fp16_allreduce")
+                                           else store, start, "adam", unusable, sharded,
+                                           **options)
             saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     for case, (arrays, infos[case]) in checkpoint_cases(store, start, out, of_two).items():
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})

@@ -63,8 +63,6 @@ def test_a_slice_cut_inside_and_across_parameters():
     (dict(kvstore="local"), "--kvstore local"),
     (dict(grad_bucket_mb=0.0), "--grad-bucket-mb 0"),
     (dict(compression="powersgd"), "--compression powersgd"),
-    (dict(fp16_allreduce=True), "--fp16-allreduce"),
-    (dict(amp=True), "--amp"),
     (dict(elastic=True), "--elastic"),
 ])
 def test_combinations_not_sharded_yet_are_refused_in_one_line(changes, needle):
@@ -204,3 +202,33 @@ def test_run_trainer_shards_only_when_asked(on):
     # A trainer of the other kind given to the Estimator is rebuilt as the option says.
     other = RunConfig(shard_optimizer=not on)
     assert isinstance(distributed_trainer(trainer, net, other, dist), ShardedTrainer) != on
+
+
+def test_amps_loss_scaler_decides_from_the_slices():
+    """AMP's own LossScaler on a sharded trainer: an update whose summed gradient holds an
+    inf is skipped (the weights stay, the scale halves), as Gluon's Trainer skips it; a
+    finite one is applied, divided by the loss scale."""
+    from mxnet.contrib.amp.loss_scaler import LossScaler
+    from hvdtrain.store.kvstore import HorovodKVStore
+    from hvdtrain.store.sharded import ShardedTrainer
+    net = _net()
+    trainer = ShardedTrainer(net.collect_params(), "adam", {"learning_rate": 0.01},
+                             kvstore=HorovodKVStore(), update_on_kvstore=False,
+                             bucket_mb=1 / 8192)
+    trainer._amp_loss_scaler = LossScaler()  # as amp.init_trainer sets it  # noqa
+    trainer._amp_original_scale = trainer._scale  # noqa
+    x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
+    weights = []
+    for poison in (False, True, False):
+        with mx.autograd.record():
+            loss = gluon.loss.L2Loss()(net(x), y)
+        loss.backward()
+        if poison:
+            list(net.collect_params().values())[1].grad()[0] = float("inf")
+        before = _weights(net)
+        trainer.step(6)
+        weights.append((before, _weights(net)))
+    assert all(not np.array_equal(a, b) for a, b in zip(*weights[0]))
+    assert all(np.array_equal(a, b) for a, b in zip(*weights[1]))  # skipped
+    assert all(not np.array_equal(a, b) for a, b in zip(*weights[2]))
+    assert trainer._amp_loss_scaler.loss_scale == 2.0 ** 15  # noqa: halved once
