@@ -198,8 +198,9 @@ def main():
         for option, ratio in recipe["median_relative"].items():
             print(f"  {option}: throughput {ratio:.3f}, CPU time per sample "
                   f"{recipe['median_cpu_relative'][option]:.3f}")
-    print("\ninput pipeline, memory, predict and the replica check (scripts/bench_images.py, "
-          "bench_input_bound.py, bench_predict.py, bench_replica_check.py):")
+    print("\ninput pipeline, memory, predict, the replica check and the sharded optimizer "
+          "state (scripts/bench_images.py, bench_input_bound.py, bench_predict.py, "
+          "bench_replica_check.py, bench_shard_optimizer.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
@@ -267,6 +268,18 @@ def measure_all(args, tmp, runs, results):
         [sys.executable, os.path.join(HERE, "bench_replica_check.py")]
         + (["--models", "resnet18_v1", "--rounds", "1"] if args.quick else []))])
     results.images += replicas[0]["rows"]
+    results.write(complete=False)
+    # --shard-optimizer: the optimizer state a rank holds, its peak RSS and the step time of
+    # a 50M-parameter MLP with Adam, sharded and not, side by side (docs/performance.md).
+    shard = runs.collect([runs.start(
+        [sys.executable, os.path.join(HERE, "bench_shard_optimizer.py")]
+        + (["--ranks", "1,2", "--steps", "3"] if args.quick else []))], timeout=3600)
+    results.images += [{"row": "shard optimizer", "ranks": row["ranks"],
+                        "sharded": row["sharded"],
+                        "state_mib_per_rank": max(row["state_bytes_per_rank"]) / 2 ** 20,
+                        "peak_rss_mib": max(row["peak_rss_mib_per_rank"]),
+                        "step_seconds": row["step_seconds_median"]}
+                       for row in shard[0]["rows"]]
     results.write(complete=False)
     # Is a run input-bound: resnet50_v1 at 224 on 2 ranks from RecordIO vs synthetic images.
     quick = ["--model", "resnet18_v1", "--steps", "4", "--images", "160", "--rounds", "1"]

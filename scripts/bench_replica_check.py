@@ -47,8 +47,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet18_v1,resnet50_v1")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", help="also write the rows to OUT.rank0.json (the bench's "
+                                      "record format: scripts/bench.py)")
     args = parser.parse_args()
-    print(json.dumps({"rows": [one_model(m, args.rounds) for m in args.models.split(",")]}))
+    document = json.dumps({"rows": [one_model(m, args.rounds)
+                                    for m in args.models.split(",")]})
+    print(document)
+    if args.out:
+        with open(args.out + ".rank0.json", "w") as out:
+            out.write(document)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,3")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sharded", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="also write the document to OUT.rank0.json (the "
+                                      "bench's record format: scripts/bench.py)")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -109,10 +110,14 @@ def main() -> None:
                                                    for r in reports],
                          "step_seconds_median": max(r["step_seconds_median"]
                                                     for r in reports)})
-    print(json.dumps({"machine": f"{os.cpu_count()} cores, {os.uname().machine}",
-                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                      "optimizer": "adam", "batch_per_rank": args.batch,
-                      "steps_timed": args.steps, "rows": rows}, indent=1))
+    document = json.dumps({"machine": f"{os.cpu_count()} cores, {os.uname().machine}",
+                           "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                           "optimizer": "adam", "batch_per_rank": args.batch,
+                           "steps_timed": args.steps, "rows": rows}, indent=1)
+    print(document)
+    if args.out:  # scripts/bench.py's record (a worker's --out is its folder instead)
+        with open(args.out + ".rank0.json", "w") as out:
+            out.write(document)
 
 
 if __name__ == "__main__":
