@@ -64,15 +64,23 @@ SHARDABLE = (opt.SGD, opt.NAG, opt.Adam, opt.RMSProp, opt.AdaGrad, opt.AdaDelta,
              opt.Signum)
 
 
+# The same, from other packages, by qualified name (hvdtrain imports none of them):
+# GluonNLP's BERTAdam, Adam with decoupled weight decay (adamw_update), BERT's optimizer.
+SHARDABLE_BY_NAME = ("gluonnlp.optimizer.bert_adam.BERTAdam",)
+
+
 def check_shardable(optimizer) -> None:
     """Refuse, in one line, an optimizer whose update is not per element (LAMB aside: its
     norms are summed over the ranks, :mod:`.shard_lamb`)."""
-    if type(optimizer) not in SHARDABLE + (opt.LAMB,):  # pylint: disable=unidiomatic-typecheck
+    kind = type(optimizer)
+    if f"{kind.__module__}.{kind.__qualname__}" in SHARDABLE_BY_NAME:
+        return
+    if kind not in SHARDABLE + (opt.LAMB,):
         raise ConfigError(
             f"shard_optimizer updates slices of parameters, exact only for optimizers whose "
-            f"state and update are per element ({', '.join(c.__name__ for c in SHARDABLE)}) "
-            f"and LAMB; {type(optimizer).__name__} is not one of them: use one, or drop "
-            f"shard_optimizer")
+            f"state and update are per element ({', '.join(c.__name__ for c in SHARDABLE)}, "
+            f"GluonNLP's BERTAdam) and LAMB; {kind.__name__} is not one of them: use one, or "
+            f"drop shard_optimizer")
 
 
 class ShardedTrainer(BucketedTrainer):

@@ -29,6 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from estimator_models import BATCH, Unusable, first_step_of_last_rank  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))
+import ecosystem  # noqa: E402  (tests/ecosystem.py)
+ecosystem.on_path()  # GluonNLP lives apart from the venv
+import gluonnlp  # noqa: E402,F401  (registers its optimizer 'bertadam')
 from hvdtrain import create_store  # noqa: E402
 from hvdtrain.estimator import Estimator  # noqa: E402
 from hvdtrain.store.sharded import ShardedTrainer  # noqa: E402
@@ -42,6 +46,8 @@ OPTIMIZERS = {
     "nag": ("nag", {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3}),
     "adam": ("adam", {"learning_rate": 0.01, "wd": 1e-3}),
     "lamb": ("lamb", {"learning_rate": 0.01, "wd": 1e-3}),
+    # GluonNLP's BERT optimizer (registered by importing gluonnlp): Adam, decoupled decay.
+    "bertadam": ("bertadam", {"learning_rate": 0.01, "wd": 1e-3}),
 }
 
 

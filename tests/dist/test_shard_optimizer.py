@@ -1,8 +1,8 @@
 """``shard_optimizer=True`` (store/sharded.py) at 2 and 3 ranks: a tiny MLP trained by the
-Estimator ends with the weights it ends with unsharded (SGD with momentum, NAG, Adam; with
-per-parameter lr_mult/wd_mult; also with one rank's whole first step unusable), every rank
-holding the same arrays, each rank holding the optimizer state of its slice alone
-(tests/dist/shard_program.py runs every case in one job per world size). Checkpoints: a
+Estimator ends with the weights it ends with unsharded (SGD with momentum, NAG, Adam, LAMB,
+GluonNLP's BERTAdam; with per-parameter lr_mult/wd_mult; also with one rank's whole first
+step unusable), every rank holding the same arrays, each rank holding the optimizer state of
+its slice alone (tests/dist/shard_program.py runs every case in one job per world size). Checkpoints: a
 sharded run saves the whole state an unsharded run saves, resumes exactly at 2 ranks, and
 at 3 ranks from the 2-rank checkpoint as an unsharded resume does."""
 import json
@@ -17,8 +17,8 @@ from jobs import JOB_TIMEOUT, launcher
 
 pytestmark = pytest.mark.dist
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shard_program.py")
-OPTIMIZERS = ["sgd", "nag", "adam", "lamb"]
-STATES_PER_ELEMENT = {"sgd": 1, "nag": 1, "adam": 2, "lamb": 2}
+OPTIMIZERS = ["sgd", "nag", "adam", "lamb", "bertadam"]
+STATES_PER_ELEMENT = {"sgd": 1, "nag": 1, "adam": 2, "lamb": 2, "bertadam": 2}
 RESUMED = ["sgd", "adam", "lamb"]  # shard_program.py's checkpoint cases
 
 
@@ -69,8 +69,12 @@ def test_sharded_ends_with_the_unsharded_weights(job, optimizer, unusable):
     plain = _case(arrays[0], optimizer, unusable, False)
     sharded = _case(arrays[0], optimizer, unusable, True)
     assert plain and sorted(plain) == sorted(sharded)
+    # BERTAdam at 3 ranks: within 1e-4 (seen: 2.6e-5). It has no bias correction and an
+    # epsilon of 1e-6: the last-bit differences of the three-rank sums grow more through its
+    # update than through Adam's; at 2 ranks it is bit for bit, as the others.
+    tol = 1e-4 if optimizer == "bertadam" and len(arrays) > 2 else 1e-6
     for name in plain:
-        assert_arrays_close(sharded[name], plain[name], 1e-6, what=name)
+        assert_arrays_close(sharded[name], plain[name], tol, what=name)
     if len(arrays) == 2 and optimizer != "lamb":
         assert all(np.array_equal(sharded[n], plain[n]) for n in plain)
     start = {k[len("start:"):]: v for k, v in arrays[0].items() if k.startswith("start:")}
