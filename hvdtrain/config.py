@@ -342,7 +342,7 @@ class TrainConfig(RunConfig):
         "plain batches)", group="optimisation", range=POSITIVE, metavar="N")
     optimizer: str = option(
         "sgd", "Gluon optimizer applying the averaged gradients", group="optimisation",
-        choices=("sgd", "nag", "adam", "adamw", "rmsprop"))
+        choices=("sgd", "nag", "adam", "rmsprop"))  # MXNet 1.9.1 registers no AdamW
     momentum: float = option(
         0.9, "momentum, for sgd and nag", group="optimisation", range=(0, 1, False, True))
     wd: float = option(1e-4, "weight decay", group="optimisation", range=NON_NEGATIVE)

@@ -249,3 +249,17 @@ def test_a_checkpoint_rank_0_cannot_read_stops_every_rank_in_one_line(tmp_path):
     assert all("rank 0 could not read its checkpoint (its own line says why)" in line
                for line in lines if line.startswith("[1,1]")), lines
     assert "Traceback" not in proc.stdout
+
+
+def test_mxnets_own_handler_constructed_on_every_rank_at_once(tmp_path):
+    """MXNet's own CheckpointHandler, constructed by every rank on a new shared model_dir
+    right after a barrier (40 times): none raises. MXNet checks, then creates, the folder;
+    before hvdtrain made it first, a review saw FileExistsError in 101 of 400."""
+    program = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "handler_folder_program.py")
+    proc = run_command(launcher("ranks", 2) + [sys.executable, program, str(tmp_path)],
+                       timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for rank in range(2):
+        report = json.load(open(tmp_path / f"rank{rank}.json"))
+        assert report["failures"] == 0, report

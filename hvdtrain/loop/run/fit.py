@@ -156,6 +156,8 @@ def fit(run: RunParts) -> dict:
         replicas=run.replicas)
     loop.boundary = boundary
     worker_batch = feed.batch_size
+    store_words = cfg.kvstore + (", optimizer state sharded over the ranks"
+                                 if cfg.shard_optimizer else "")
     logger.info("training %s: %d worker(s) x %d device(s) x batch %d%s = global batch %d, "
                 "%d steps/epoch, %s", run.describe, dist.num_workers,
                 len(run.devices), cfg.batch_size if worker_batch == cfg.batch_size *
@@ -163,8 +165,8 @@ def fit(run: RunParts) -> dict:
                 f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else "",
                 cfg.global_batch(worker_batch, dist.num_workers), steps_per_epoch,
                 f"lr {run.base_lr:g} for the global batch (scaling: {cfg.lr_scaling}, store: "
-                f"{cfg.kvstore})" if run.base_lr is not None else
-                f"the optimizer's own learning rate (store: {cfg.kvstore})")
+                f"{store_words})" if run.base_lr is not None else
+                f"the optimizer's own learning rate (store: {store_words})")
     # Rank 0 writes; every rank learns whether it could (write_together), so a full disk
     # stops all of them at the same point instead of leaving them inside a collective.
     write_together(dist, lambda: outputs.metrics.write(
