@@ -17,8 +17,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import mxnet as mx
 
-from .checkpoint_files import (CHECKPOINTS, LATEST, META, NAME_PATTERN, PARAMS, STATES,
-                               checkpoint_name, complete_checkpoints, missing_files, param_shapes)
+from .checkpoint_files import (CHECKPOINTS, DIGESTS, LATEST, META, NAME_PATTERN, PARAMS,
+                               STATES, checkpoint_name, complete_checkpoints, file_digest,
+                               missing_files, param_shapes)
 from . import compression_state
 from .background import BackgroundWrite
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
@@ -126,6 +127,10 @@ def _write_folder(tmp: str, net, trainer, meta: Dict, with_states: bool,
     compression_state.write(tmp, compression)
     for name, arrays in files.items():
         mx.nd.save(os.path.join(tmp, name), arrays)
+    # Each file's digest: a file changed in place later (not only cut short) is then known
+    # as damaged at resume, and passed over, instead of loaded.
+    meta = dict(meta, **{DIGESTS: {entry: file_digest(os.path.join(tmp, entry))
+                                   for entry in sorted(os.listdir(tmp))}})
     with open(os.path.join(tmp, META), "w", encoding="utf-8") as out:
         json.dump(meta, out, indent=1, sort_keys=True)
     for entry in os.listdir(tmp):

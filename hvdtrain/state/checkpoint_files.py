@@ -5,7 +5,8 @@ Layout under the output folder::
     checkpoints/epoch-0003/model.params     parameters (Gluon save_parameters)
                           trainer.states   optimizer state (Trainer.save_states)
                           ema.params       --ema's average, when on (meta's "files")
-                          meta.json        written last: epoch, step, config, shapes, ...
+                          meta.json        written last: epoch, step, config, shapes, each
+                                           other file's SHA-256 (checked at resume), ...
                           powersgd.npz     with --compression powersgd: Q, errors' sum
     checkpoints/epoch-0003-step-0000041/    stopped inside epoch 4 at step 41 (--max-steps)
     checkpoints/latest                     name of the newest complete checkpoint
@@ -15,6 +16,7 @@ Layout under the output folder::
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -66,6 +68,29 @@ def named_checkpoints(folder: str) -> List[str]:
 def complete_checkpoints(folder: str) -> List[str]:
     """Complete, valid ``epoch-*`` checkpoints in `folder`, oldest first."""
     return [path for path in named_checkpoints(folder) if is_complete(path)]
+
+
+DIGESTS = "sha256"  # meta.json's field: each file's SHA-256, recorded by the save
+
+
+def file_digest(path: str) -> str:
+    """The SHA-256 of the file at `path`, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        for chunk in iter(lambda: src.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def changed_files(path: str, meta: Dict, names=None) -> List[str]:
+    """The files of checkpoint `path` (those in `names`, or all) whose bytes are no longer
+    those its save recorded in `meta` (none for a checkpoint saved before digests were
+    recorded)."""
+    recorded = meta.get(DIGESTS) or {}
+    return sorted(name for name, digest in recorded.items()
+                  if (names is None or name in names) and
+                  (not os.path.isfile(os.path.join(path, name)) or
+                   file_digest(os.path.join(path, name)) != digest))
 
 
 def missing_files(path: str) -> bool:

@@ -15,8 +15,8 @@ from typing import Dict, List, Optional
 
 from . import compression_state
 from .checkpoint_files import (CHECKPOINTS, LATEST, META, PARAMS, STATES, CheckpointError,
-                         checkpoint_order, missing_files, named_checkpoints, param_shapes,
-                         read_meta)
+                         changed_files, checkpoint_order, missing_files, named_checkpoints,
+                         param_shapes, read_meta)
 
 logger = logging.getLogger("hvdtrain")
 
@@ -116,6 +116,12 @@ def restore(path: str, net, trainer, devices, meta: Optional[Dict] = None) -> Di
             raise CheckpointError(f"checkpoint {path} does not fit this model: {name} has "
                                   f"shape {tuple(saved[name])} there, {tuple(shape)} here "
                                   f"(model {meta.get('model')}, dataset {meta.get('dataset')})")
+    # What this restore reads: the parameters, and with a trainer everything else.
+    changed = changed_files(path, meta, None if trainer is not None else {PARAMS})
+    if changed:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {', '.join(changed)} changed "
+                              f"since it was saved (its SHA-256 differs from the one "
+                              f"{META} records)")
     try:
         net.load_parameters(os.path.join(path, PARAMS), ctx=devices)
         if meta.get("has_states") and trainer is not None:
