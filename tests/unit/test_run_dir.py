@@ -49,9 +49,13 @@ def _wrap_everywhere(monkeypatch, name, record):
 
 
 def _record_order(monkeypatch):
-    """A list that receives "load_dataset" and ("nd.load", path) in the order they happen."""
+    """A list that receives "load_dataset", ("nd.load", path) and ("digest", path) (the
+    check of a file's bytes against meta.json's record, before it is loaded) in the order
+    they happen."""
+    from hvdtrain.state import checkpoint_files
     events = []
     load_dataset, nd_load = job.load_dataset, mx.nd.load
+    file_digest = checkpoint_files.file_digest
 
     def dataset(*args, **kwargs):
         events.append("load_dataset")
@@ -61,8 +65,13 @@ def _record_order(monkeypatch):
         events.append(("nd.load", str(path)))
         return nd_load(path, *args, **kwargs)
 
+    def digest(path):
+        events.append(("digest", str(path)))
+        return file_digest(path)
+
     monkeypatch.setattr(job, "load_dataset", dataset)
     monkeypatch.setattr(mx.nd, "load", load)
+    monkeypatch.setattr(checkpoint_files, "file_digest", digest)
     return events
 
 
@@ -108,7 +117,8 @@ def test_decide_loads_no_parameter_file(run_copy, monkeypatch):
     loads = [event for event in events if event != "load_dataset"]
     assert events.index("load_dataset") < events.index(loads[0])
     newest = str(run_copy / "checkpoints" / "epoch-0002" / "model.params")
-    assert loads[0] == ("nd.load", newest)
+    assert loads[0] == ("digest", newest)  # its bytes checked first, then loaded
+    assert [e for e in loads if e[0] == "nd.load"][0] == ("nd.load", newest)
     assert run.result["steps"] == 3 * 23  # resumed from epoch 2: one more epoch of 23 steps
 
 
@@ -133,7 +143,10 @@ def test_a_damaged_newest_checkpoint_falls_back_at_restore(run_copy, monkeypatch
     for name, value in expected.items():
         assert np.array_equal(restored[name], value.asnumpy()), name
     damaged = str(run_copy / "checkpoints" / "epoch-0002" / "model.params")
-    assert events.index("load_dataset") < events.index(("nd.load", damaged))
+    # Found at restore, after the data is loaded: by the digest meta.json records (a file
+    # changed in place), before MXNet reads it.
+    assert events.index("load_dataset") < events.index(("digest", damaged))
+    assert ("nd.load", damaged) not in events
     err = capsys.readouterr().err
     assert "epoch-0002 is corrupt" in err and "falling back to an older checkpoint" in err
     assert "resuming from " + str(older) + ", the newest checkpoint that loads" in err
