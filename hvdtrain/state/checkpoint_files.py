@@ -85,12 +85,13 @@ def file_digest(path: str) -> str:
 def changed_files(path: str, meta: Dict, names=None) -> List[str]:
     """The files of checkpoint `path` (those in `names`, or all) whose bytes are no longer
     those its save recorded in `meta` (none for a checkpoint saved before digests were
-    recorded)."""
+    recorded). A file that is gone is not one: what a missing file means is the reader's
+    to say (:func:`missing_files`; a PowerSGD state removed trains on from zero errors)."""
     recorded = meta.get(DIGESTS) or {}
     return sorted(name for name, digest in recorded.items()
                   if (names is None or name in names) and
-                  (not os.path.isfile(os.path.join(path, name)) or
-                   file_digest(os.path.join(path, name)) != digest))
+                  os.path.isfile(os.path.join(path, name)) and
+                  file_digest(os.path.join(path, name)) != digest)
 
 
 def missing_files(path: str) -> bool:

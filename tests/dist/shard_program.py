@@ -9,11 +9,13 @@ Usage: shard_program.py OUT_DIR [CHECKPOINTS_OF_2]. Writes OUT_DIR/rank<R>.npz (
 Checkpoints, for RESUMED optimizers: at 2 ranks, an unsharded run of EPOCHS epochs saves
 at each epoch's end and a sharded one every 4 steps (inside the epochs: steps 4 and 8; and
 at the end), in OUT_DIR/ckpt-<optimizer>-<sharded>; a sharded run resumes the sharded run's
-checkpoint of step 8 (case ``<optimizer>-resumed-1``). At 3 ranks (CHECKPOINTS_OF_2: the
+checkpoint of step 8 (case ``<optimizer>-resumed-1``); with Adam, a sharded run stopped at
+step 9 (``max_steps``: the stop's save, as a signal's) and resumed (``adam-stopped-1``). At 3 ranks (CHECKPOINTS_OF_2: the
 2-rank job's OUT_DIR), a sharded and an unsharded run resume the 2-rank sharded run's last
 checkpoint for one more epoch (cases ``<optimizer>-from2-<sharded>``), and a sharded one the
 unsharded's (``<optimizer>-from2plain-1``).
 
+BatchNorm and a frozen layer (``bn-1-<sharded>``, Adam, one rank's first step unusable).
 COMBINED: Adam with --accumulate 2, with --clip-grad-norm (one rank's first step unusable),
 with --ema (its average saved as ``ema.<param>``) and with the float16 wire, sharded and not.
 """
@@ -51,9 +53,18 @@ OPTIMIZERS = {
 }
 
 
-def make_net(tiny=False):
+def make_net(tiny=False, bn=False):
     """The MLP; `tiny`: one Dense(1) of 300 inputs instead, whose bias (1 element) is a
-    bucket of its own, smaller than the ranks (some rank's slice of it is empty)."""
+    bucket of its own, smaller than the ranks (some rank's slice of it is empty); `bn`: a
+    frozen Dense(24) (grad_req 'null'), BatchNorm, ReLU and Dense(3) instead."""
+    if bn:
+        net = gluon.nn.HybridSequential(prefix="bnmlp_")
+        with net.name_scope():
+            net.add(gluon.nn.Dense(24, in_units=FEATURES), gluon.nn.BatchNorm(in_channels=24),
+                    gluon.nn.Activation("relu"), gluon.nn.Dense(3, in_units=24))
+        net.initialize(mx.init.Xavier())
+        net[0].collect_params().setattr("grad_req", "null")  # frozen, as a fine-tune's
+        return net
     # One prefix for every instance: the Trainer orders parameters by name, and a resumed
     # state is matched to them by that order (counted prefixes past 99 sort differently).
     net = gluon.nn.HybridSequential(prefix="mlp_")
@@ -93,8 +104,8 @@ LAST = f"checkpoints/epoch-{EPOCHS:04d}"
 
 
 def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOCHS,
-             **options):
-    net = make_net(tiny)
+             bn=False, **options):
+    net = make_net(tiny, bn)
     for name, param in net._collect_params_with_prefix().items():  # pylint: disable=protected-access
         param.set_data(start[name])
     name, params = OPTIMIZERS[optimizer]
@@ -146,6 +157,11 @@ def checkpoint_cases(store, start, out, of_two):
             cases[f"{optimizer}-resumed-1"] = run_case(
                 store, start, optimizer, 0, True,
                 resume=os.path.join(out, f"ckpt-{optimizer}-1", INSIDE))
+            if optimizer == "adam":  # a stop's save (max_steps: the path a signal takes)
+                stopped = os.path.join(out, "ckpt-adam-stop")
+                run_case(store, start, optimizer, 0, True, output_dir=stopped, max_steps=9)
+                cases["adam-stopped-1"] = run_case(
+                    store, start, optimizer, 0, True, output_dir=stopped, resume="auto")
             continue
         for sharded, source, case in ((True, 1, "from2-1"), (False, 1, "from2-0"),
                                       (True, 0, "from2plain-1")):
@@ -179,6 +195,14 @@ def main():
     for sharded in (False, True):
         case = f"tiny-0-{int(sharded)}"
         arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
+        saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    mx.random.seed(SEED)
+    bn_start = {k: p.data().copy() for k, p in  # pylint: disable=protected-access
+                make_net(bn=True)._collect_params_with_prefix().items()}
+    saved.update({f"start-bn:{k}": v.asnumpy() for k, v in bn_start.items()})
+    for sharded in (False, True):
+        case = f"bn-1-{int(sharded)}"
+        arrays, infos[case] = run_case(store, bn_start, "adam", 1, sharded, bn=True)
         saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     half_store = create_store("horovod", compression="fp16", fuse_calls=False)
     for option, (unusable, options) in COMBINED.items():

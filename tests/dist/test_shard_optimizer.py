@@ -178,6 +178,18 @@ def test_a_sharded_resume_at_the_same_world_size_is_exact(jobs, optimizer):
         assert all(np.array_equal(resumed[n], whole[n]) for n in whole)
 
 
+def test_a_stops_save_resumes_exactly(jobs):
+    """2 ranks, Adam: a sharded run stopped at step 9 of 12 (max_steps: the save a stop
+    signal makes too) and resumed ends bit for bit as the run not interrupted."""
+    arrays, _, folder = jobs(2)
+    whole = _named(arrays[0], "adam-saved-1")
+    for rank_arrays in arrays:
+        resumed = _named(rank_arrays, "adam-stopped-1")
+        assert sorted(resumed) == sorted(whole)
+        assert all(np.array_equal(resumed[n], whole[n]) for n in whole)
+    assert (folder / "ckpt-adam-stop" / "checkpoints" / "epoch-0001-step-0000009").is_dir()
+
+
 @pytest.mark.parametrize("optimizer", RESUMED)
 def test_three_ranks_resume_two_ranks_checkpoint_as_an_unsharded_resume(jobs, optimizer):
     """3 ranks resume the 2-rank sharded run's last checkpoint for a third epoch, sharded
@@ -248,3 +260,22 @@ def test_amps_loss_scaling_sharded_as_unsharded(tmp_path):
     for name in plain:
         assert_arrays_close(sharded[name], plain[name], 1e-6, what=name)
     assert all(np.array_equal(sharded[n], arrays[True][1][n]) for n in sharded)
+
+
+def test_batchnorm_and_a_frozen_layer(job):
+    """A frozen Dense (grad_req 'null': in no bucket, never updated), BatchNorm (its
+    running statistics averaged over the ranks at each epoch's end, outside the optimizer)
+    and one rank's whole first step unusable: sharded ends as unsharded (1e-6), the frozen
+    layer as it started, every rank alike."""
+    arrays, _ = job
+    plain, sharded = (_named(arrays[0], f"bn-1-{s}") for s in (0, 1))
+    start = _named(arrays[0], "start-bn")
+    assert sorted(plain) == sorted(sharded) == sorted(start)
+    assert any("running_mean" in n for n in plain)
+    for name in plain:
+        assert_arrays_close(sharded[name], plain[name], 1e-6, what=name)
+    assert all(np.array_equal(sharded[n], start[n]) for n in ("0.weight", "0.bias"))
+    assert not np.array_equal(sharded["3.weight"], start["3.weight"])
+    for other in arrays[1:]:
+        theirs = _named(other, "bn-1-1")
+        assert all(np.array_equal(sharded[n], theirs[n]) for n in sharded)
