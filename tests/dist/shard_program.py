@@ -188,22 +188,16 @@ def main():
                 case = f"{optimizer}-{unusable}-{int(sharded)}"
                 arrays, infos[case] = run_case(store, start, optimizer, unusable, sharded)
                 saved.update({f"{case}:{k}": v for k, v in arrays.items()})
-    mx.random.seed(SEED)
-    tiny = {k: p.data().copy() for k, p in  # pylint: disable=protected-access
-            make_net(tiny=True)._collect_params_with_prefix().items()}
-    saved.update({f"start-tiny:{k}": v.asnumpy() for k, v in tiny.items()})
-    for sharded in (False, True):
-        case = f"tiny-0-{int(sharded)}"
-        arrays, infos[case] = run_case(store, tiny, "adam", 0, sharded, tiny=True)
-        saved.update({f"{case}:{k}": v for k, v in arrays.items()})
-    mx.random.seed(SEED)
-    bn_start = {k: p.data().copy() for k, p in  # pylint: disable=protected-access
-                make_net(bn=True)._collect_params_with_prefix().items()}
-    saved.update({f"start-bn:{k}": v.asnumpy() for k, v in bn_start.items()})
-    for sharded in (False, True):
-        case = f"bn-1-{int(sharded)}"
-        arrays, infos[case] = run_case(store, bn_start, "adam", 1, sharded, bn=True)
-        saved.update({f"{case}:{k}": v for k, v in arrays.items()})
+    # The other nets, Adam, each from a start of its own: (name, unusable, make_net's kind).
+    for net_name, unusable, kind in (("tiny", 0, {"tiny": True}), ("bn", 1, {"bn": True})):
+        mx.random.seed(SEED)
+        other = {k: p.data().copy() for k, p in  # pylint: disable=protected-access
+                 make_net(**kind)._collect_params_with_prefix().items()}
+        saved.update({f"start-{net_name}:{k}": v.asnumpy() for k, v in other.items()})
+        for sharded in (False, True):
+            case = f"{net_name}-{unusable}-{int(sharded)}"
+            arrays, infos[case] = run_case(store, other, "adam", unusable, sharded, **kind)
+            saved.update({f"{case}:{k}": v for k, v in arrays.items()})
     half_store = create_store("horovod", compression="fp16", fuse_calls=False)
     for option, (unusable, options) in COMBINED.items():
         for sharded in (False, True):
