@@ -30,12 +30,17 @@ _LEFTOVER_PREFIXES = (".tmp-epoch-", ".old-epoch-", f".{LATEST}.tmp-")
 logger = logging.getLogger("hvdtrain")
 
 
+def holds_slices(trainer) -> bool:
+    """Whether each rank holds a slice of `trainer`'s optimizer state (``shard_optimizer``):
+    a save then needs :func:`gathered_states` on every rank first."""
+    return hasattr(trainer, "whole_states_later")
+
+
 def gathered_states(trainer) -> Optional[Callable[[], bytes]]:
     """Every rank, before a save: the optimizer state of a trainer whose ranks each hold a
-    slice of it (``shard_optimizer``), gathered whole (a collective); None for any other
-    trainer (rank 0 copies its own state when it saves)."""
-    gather = getattr(trainer, "whole_states_later", None)
-    return gather() if gather is not None else None
+    slice of it, gathered whole (a collective); None for any other trainer (rank 0 copies
+    its own state when it saves)."""
+    return trainer.whole_states_later() if holds_slices(trainer) else None
 
 
 class _StatesOnly:
@@ -250,7 +255,7 @@ class Checkpointer:
         if compression is None and compression_state.compression_of(trainer) is not None:
             raise RuntimeError("a checkpoint of a compressing trainer needs gather() first, "
                                "on every rank")
-        if states is None and self.with_states and hasattr(trainer, "whole_states_later"):
+        if states is None and self.with_states and holds_slices(trainer):
             raise RuntimeError("a checkpoint of a sharded optimizer state needs gather() "
                                "first, on every rank")
         self.wait()

@@ -113,7 +113,8 @@ class ShardedTrainer(BucketedTrainer):
         self._small: List[bool] = []
         self._loaded = None  # a whole state loaded before the slices were planned
         self._scattered = None  # per bucket, the slice scatter_gradients() made for update()
-        self._own_slices = None  # their buffers
+        self._own_slices = None  # their buffers (made at the first scatter of a plan)
+        self._unowned: List[int] = []  # trained parameters this rank holds no piece of
         self._half_wire = False  # --fp16-allreduce: the reduce-scatter sends float16
         self._half_views = []  # per bucket, its float16 wire and sum: views made once a plan
         super().__init__(*args, **kwargs)
@@ -152,6 +153,8 @@ class ShardedTrainer(BucketedTrainer):
         self._layout = layout
         self.pieces = plan_shards(self.buckets, sizes, rank, ranks)
         self._slice_sizes = [sum(p.size for p in pieces) for pieces in self.pieces]
+        owned = {piece.param for pieces in self.pieces for piece in pieces}
+        self._unowned = [i for bucket in self.buckets for i in bucket if i not in owned]
         self._weight_views = [[self._params[p.param].list_data()[0].reshape(-1)[p.start:p.stop]
                                for p in pieces] for pieces in self.pieces]
         self._plan_buffers([sum(bucket_sizes) for bucket_sizes in sizes], ranks)
@@ -168,7 +171,7 @@ class ShardedTrainer(BucketedTrainer):
         # A bucket of fewer elements than ranks leaves some rank a slice of nothing, which
         # MXNet cannot allocate: Horovod's own calls size those (a few elements a step).
         self._small = [total < ranks for total in totals]
-        self._grad_slices, self._gathered = [], []
+        self._grad_slices, self._gathered, self._own_slices = [], [], None
         self._half_wire = ranks > 1 and getattr(self._kvstore, "compression", "none") == "fp16"
         if ranks == 1:
             return
@@ -245,14 +248,17 @@ class ShardedTrainer(BucketedTrainer):
             self._step_bucket(b, None if scattered is None else scattered[b])
         # Every rank counts every update, of parameters it holds no piece of too: the
         # optimizer object a checkpoint saves (rank 0's) is then every parameter's.
-        owned = {piece.param for pieces in self.pieces for piece in pieces}
-        others = [i for bucket in self.buckets for i in bucket if i not in owned]
-        if others:
-            self._optimizer._update_count(others)  # pylint: disable=protected-access
+        if self._unowned:
+            self._optimizer._update_count(self._unowned)  # pylint: disable=protected-access
+
+    @property
+    def _plan_suffix(self) -> str:
+        """The end of this plan's collectives' names: a new plan, new names."""
+        return f".{self.replans}" if self.replans else ""
 
     def _tag(self, b: int) -> str:
-        """Bucket `b`'s part of its collectives' names (a new plan, new names)."""
-        return f"{self.buckets[b][0]}" + (f".{self.replans}" if self.replans else "")
+        """Bucket `b`'s part of its collectives' names."""
+        return f"{self.buckets[b][0]}{self._plan_suffix}"
 
     def _scatter(self, b: int, into=None) -> mx.nd.NDArray:
         """Bucket `b`'s gradient summed over the ranks, this rank's slice of it (into the
@@ -304,7 +310,7 @@ class ShardedTrainer(BucketedTrainer):
         """Reduce-scatter every bucket into a slice buffer of its own (made once a plan),
         for the next ``update()``."""
         self._allreduce_grads()
-        if self._own_slices is None or len(self._own_slices) != len(self.buckets):
+        if self._own_slices is None:
             self._own_slices = [None if self._ranks == 1 or self._small[b] else
                                 mx.nd.zeros(self._slice_sizes[b], ctx=self._contexts[0],
                                             dtype=self._grad_slices[b].dtype)
@@ -323,8 +329,7 @@ class ShardedTrainer(BucketedTrainer):
                                    out=finite)
         bad = 1 - finite
         if self._ranks > 1:
-            self._kvstore.sum_exact("shard.overflow" + (f".{self.replans}" if self.replans
-                                                        else ""), bad)
+            self._kvstore.sum_exact("shard.overflow" + self._plan_suffix, bad)
         return bool(bad.asscalar() > 0)
 
     def _step_bucket(self, b: int, grad=None) -> None:
@@ -375,10 +380,10 @@ class ShardedTrainer(BucketedTrainer):
         unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`)."""
         if not self._kv_initialized:
             self._init_kvstore()
-        store, ranks = self._kvstore, self._ranks if self._kvstore is not None else 1
-        hvd = store._hvd if ranks > 1 else None  # pylint: disable=protected-access
+        store, ranks = self._kvstore, self._ranks  # the horovod store: _init_kvstore checks
+        hvd = store._hvd  # pylint: disable=protected-access
         ctx = self._contexts[0]
-        tag = f".{self.replans}" if self.replans else ""
+        tag = self._plan_suffix
 
         def allgather(vector, name):
             return hvd.allgather(mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype),
@@ -398,8 +403,7 @@ class ShardedTrainer(BucketedTrainer):
 
         shapes = [param.shape for param in self._params]
         whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
-                             template, store.rank if ranks > 1 else 0, ranks, allgather,
-                             present)
+                             template, store.rank, ranks, allgather, present)
         return states_later(whole, self._optimizer, copy=False)
 
     def save_states(self, fname):
