@@ -543,8 +543,6 @@ def check_shard_optimizer(cfg: RunConfig) -> None:
                                  "--grad-bucket-mb above 0"),
         (cfg.compression != "none", f"--compression {cfg.compression}: it exchanges whole "
                                     "slices; drop one of them"),
-        (cfg.elastic, "--elastic: its commits copy the whole optimizer state; drop one of "
-                      "them"),
     )
     for refuse, why in refused:
         if refuse:

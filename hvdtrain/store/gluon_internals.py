@@ -314,9 +314,13 @@ def host_arrays(net) -> dict:
     return arrays
 
 
-def optimizer_states(trainer) -> bytes:
+def optimizer_states(trainer, alone: bool = False) -> bytes:
     """``Trainer.save_states`` into memory: the optimizer's per-parameter states and the
-    optimizer object itself (update counts, the learning-rate scheduler)."""
+    optimizer object itself (update counts, the learning-rate scheduler). A sharded trainer
+    gathers its whole state: a collective, unless known since its last gather or load
+    (`alone`: called by one rank only, which must not gather; :mod:`.sharded`)."""
+    if hasattr(trainer, "whole_states_later"):
+        return trainer.whole_states_later(alone=alone)()
     return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
 
 

@@ -10,8 +10,7 @@ from mxnet import optimizer as opt
 
 NO_WHOLE_STATE = ("shard_optimizer: each rank holds its slice of the optimizer state only; "
                   "the Trainer's own updater holds none to copy (save and load through "
-                  "Trainer.save_states/load_states on every rank; elastic commits are not "
-                  "supported: drop elastic or shard_optimizer)")
+                  "Trainer.save_states/load_states on every rank)")
 
 
 class _SlicedAway(dict):

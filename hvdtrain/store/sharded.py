@@ -24,21 +24,24 @@ the unsharded Trainer updates, with the same elementwise kernels: the weights en
 (docs/performance.md, "Sharded optimizer state").
 
 The sharded state lives in an updater of this trainer's own (:attr:`shard_updater`), not in
-``Trainer._updaters``: what compares or copies the replicated state (the replica check, an
-elastic commit) sees none, and refuses rather than copy a partial state. Checkpoints hold
-the whole state (:mod:`.shard_checkpoint`): :meth:`ShardedTrainer.whole_states_later` gathers
-it on every rank (a collective), and ``save_states``, on every rank too, writes it in
-``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` cut this
-rank's pieces out of a whole state, saved at any world size, sharded or not. Every rank
-keeps every parameter's update count (those it updates no piece of too), so the optimizer
-object a checkpoint holds is whole. Only optimizers whose state and update are per element are taken
+``Trainer._updaters``: what compares or copies the replicated state (the replica check)
+sees none, and refuses rather than copy a partial state. Checkpoints and elastic commits
+hold the whole state (:mod:`.shard_checkpoint`): :meth:`ShardedTrainer.whole_states_later`
+gathers it on every rank (a collective), and ``save_states``, on every rank too, writes it
+in ``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` take
+a whole state, saved at any world size, sharded or not, and this rank's pieces are cut out
+of it before the next step, at the world size there is then (after an elastic reset: the
+slices planned again for the new ranks). Until the next update the trainer keeps the whole
+state it last gathered or took, so that a rank alone (an elastic sync's rank 0) can give it
+without a collective. Every rank keeps every parameter's update count (those it updates no
+piece of too), so the optimizer object a checkpoint holds is whole. Only optimizers whose state and update are per element are taken
 (:data:`SHARDABLE`); one rank's pieces of a parameter get the parameter's multipliers, and
 no update reads another element.
 """
 from __future__ import annotations
 
 import pickle
-from typing import List
+from typing import List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -111,7 +114,10 @@ class ShardedTrainer(BucketedTrainer):
         self._grad_slices: List[mx.nd.NDArray] = []  # per bucket, its slice's sum (a view)
         self._gathered: List[mx.nd.NDArray] = []  # per bucket, where its weights gather
         self._small: List[bool] = []
-        self._loaded = None  # a whole state loaded before the slices were planned
+        self._loaded = None  # a whole state taken, its slices not yet cut (at the next step)
+        # The whole state as it is, known without a collective: since the last gather or
+        # load, before any update ({}: a new trainer's, nothing updated yet).
+        self._resting: Optional[dict] = {}
         self._scattered = None  # per bucket, the slice scatter_gradients() made for update()
         self._own_slices = None  # their buffers (made at the first scatter of a plan)
         self._unowned: List[int] = []  # trained parameters this rank holds no piece of
@@ -140,12 +146,12 @@ class ShardedTrainer(BucketedTrainer):
 
     def _replan(self) -> None:
         super()._replan()
-        store = self._kvstore
-        rank, ranks = (store.rank, store.num_workers) if store is not None else (0, 1)
+        rank, ranks = self._world()
         sizes = [[self._params[i].list_data()[0].size for i in bucket]
                  for bucket in self.buckets]
         layout = ([list(b) for b in self.buckets], sizes, rank, ranks)
-        if self._layout is not None and layout != self._layout and self.shard_updater.states:
+        if (self._layout is not None and layout != self._layout and self.shard_updater.states
+                and self._loaded is None):
             raise RuntimeError("shard_optimizer: the gradient buckets changed after the "
                                "optimizer state was sliced (parameters re-created with other "
                                "shapes or ranks); set grad_req, cast and reset_ctx before the "
@@ -204,6 +210,31 @@ class ShardedTrainer(BucketedTrainer):
     def _ranks(self) -> int:
         return self._kvstore.num_workers
 
+    def _world(self) -> Tuple[int, int]:
+        store = self._kvstore
+        return (store.rank, store.num_workers) if store is not None else (0, 1)
+
+    def _settle(self) -> None:
+        """Before a step or a gather: the slices planned for the ranks there are now (after
+        an elastic reset, Horovod re-initialised on other workers: planned again, and their
+        collectives named as a joining worker's first plan names them), and this rank's
+        pieces cut out of a whole state taken since."""
+        if self._layout is not None and self._world() != tuple(self._layout[2:]):
+            # The whole state: one taken (an elastic sync's, a restore's), or else the one
+            # gathered last, if nothing was updated since (a commit that found hosts only
+            # removed: Horovod's loop then resets without a sync).
+            whole = self._loaded if self._loaded is not None else self._resting
+            if whole is None:
+                raise RuntimeError("shard_optimizer: the ranks changed and the whole "
+                                   "optimizer state is known nowhere (updated since it was "
+                                   "last gathered or taken): this rank's slices cannot be "
+                                   "planned again; commit the elastic state before a reset")
+            self._loaded = whole
+            self.replans = -1  # the plan below is 0, as on a worker that joins now
+            self._replan()  # cuts the pieces out of the whole state
+        elif self._loaded is not None and self._layout is not None:
+            self._take_slices(self._loaded)
+
     def allreduce_grads(self):
         """Refused: the sharded exchange reduces each rank's slice only, inside the update,
         so no rank ever holds the whole reduced gradient (a norm, a clip, a check of it)."""
@@ -215,6 +246,7 @@ class ShardedTrainer(BucketedTrainer):
     def _allreduce_grads(self):
         # The exchange is the update's (each bucket reduce-scattered, updated and gathered
         # in turn, through shared buffers): here, only the gradients brought into buckets.
+        self._settle()
         self.follow_gradients()
         if self.buckets:
             self._copy_stray_gradients()
@@ -236,6 +268,8 @@ class ShardedTrainer(BucketedTrainer):
                         f"step (grad_req='null' for those that take none), or drop "
                         f"shard_optimizer")
                 data._fresh_grad = False  # pylint: disable=protected-access
+        self._settle()
+        self._resting = None  # from here on only a gather knows the whole state
         self.shard_updater.optimizer = self._optimizer
         if amp_scaler(self) is not None:  # Trainer._update's check, over the ranks' slices
             if self._scattered is None:
@@ -372,14 +406,31 @@ class ShardedTrainer(BucketedTrainer):
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds."""
+        if self._kv_initialized:
+            self._settle()
         return state_bytes(self.shard_updater.states)
 
-    def whole_states_later(self) -> StatesLater:
+    def whole_states_later(self, alone: bool = False) -> StatesLater:
         """Every rank: the whole optimizer state, gathered from every rank's slices (a
         collective), with the optimizer object; calling the result gives the bytes an
-        unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`)."""
+        unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`). No update since
+        the last gather or load: that state, without a collective (every rank alike).
+
+        Parameters
+        ----------
+        alone : bool
+            Called by one rank only (an elastic sync's rank 0): the state must be known
+            without a collective, or RuntimeError (a gather would wait for ever)."""
+        if self._resting is not None:
+            return states_later(self._resting, self._optimizer, copy=False)
+        if alone:
+            raise RuntimeError("shard_optimizer: the optimizer state was updated since it "
+                               "was last gathered (an elastic commit gathers it on every "
+                               "rank), and one rank alone cannot gather it: commit before "
+                               "a sync")
         if not self._kv_initialized:
             self._init_kvstore()
+        self._settle()
         store, ranks = self._kvstore, self._ranks  # the horovod store: _init_kvstore checks
         hvd = store._hvd  # pylint: disable=protected-access
         ctx = self._contexts[0]
@@ -404,6 +455,7 @@ class ShardedTrainer(BucketedTrainer):
         shapes = [param.shape for param in self._params]
         whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
                              template, store.rank, ranks, allgather, present)
+        self._resting = whole  # host copies of their own: training does not change them
         return states_later(whole, self._optimizer, copy=False)
 
     def save_states(self, fname):
@@ -424,8 +476,10 @@ class ShardedTrainer(BucketedTrainer):
             self.set_whole_states(src.read())
 
     def set_whole_states(self, blob: bytes) -> None:
-        """Take the optimizer object and this rank's slices of the whole state pickled in
-        `blob` (``Trainer.save_states``'s bytes)."""
+        """Take the optimizer object and the whole state pickled in `blob`
+        (``Trainer.save_states``'s bytes); this rank's slices of it are cut at the next
+        step or gather, for the ranks there are then. No collective, and no call to Horovod:
+        an elastic restore runs it on the survivors of a failed one, before the reset."""
         loaded = pickle.loads(blob)
         states, optimizer = loaded if isinstance(loaded, tuple) and len(loaded) == 2 \
             else (loaded, self._optimizer)
@@ -433,9 +487,8 @@ class ShardedTrainer(BucketedTrainer):
         optimizer.param_dict = dict(enumerate(self._params))
         self._updaters = [WholeStateRefused(optimizer)]
         self.shard_updater = opt.get_updater(optimizer)
-        self._loaded = states
-        if self._layout is not None:
-            self._take_slices(states)
+        self._loaded = self._resting = states
+        self._scattered = None  # a slice scattered before belongs to the state undone
 
     def _take_slices(self, whole: dict) -> None:
         self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0],

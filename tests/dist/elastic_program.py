@@ -118,31 +118,41 @@ def main():
     parser.add_argument("--marker", default="")
     parser.add_argument("--pause", type=float, default=0.05)
     parser.add_argument("--keep-stale-scale", action="store_true")
-    parser.add_argument("--trainer", choices=["horovod", "hvdtrain"], default="horovod",
+    parser.add_argument("--trainer", choices=["horovod", "hvdtrain", "sharded"],
+                        default="horovod",
                         help="horovod.mxnet's DistributedTrainer, or hvdtrain's "
-                             "BucketedTrainer on its HorovodKVStore")
+                             "BucketedTrainer (or ShardedTrainer) on its HorovodKVStore")
     parser.add_argument("--bucket-mb", type=float, default=0.0)
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    parser.add_argument("--weights-out", default="",
+                        help="rank 0 writes its final weights here (.npz)")
+    parser.add_argument("--reference", default="",
+                        help="no Horovod: a plain Gluon loop in this one process, each step "
+                             "on the batches of every rank of the world size this JSON list "
+                             "gives for it (the elastic job's), into --weights-out")
     parser.add_argument("--state", choices=["spike", "gluon"], default="spike",
                         help="spike: this file's SpikeState; gluon: hvdtrain's GluonState")
     args = parser.parse_args()
+    if args.reference:
+        return reference(args)
 
     hvd.init()
     emit("start", rank=hvd.rank(), size=hvd.size())
-    mx.random.seed(1)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(32, activation="relu", in_units=64), gluon.nn.Dense(10, in_units=32))
-    net.initialize(mx.init.Xavier())
-    sgd = {"learning_rate": 0.1, "momentum": 0.9}
-    if args.trainer == "hvdtrain":
+    net = make_net()
+    settings = SETTINGS[args.optimizer]
+    if args.trainer in ("hvdtrain", "sharded"):
         # hvdtrain's own store and trainer: the store sums, so the step takes the global
         # batch, read from the current world size at every step.
         from hvdtrain.store.buckets import BucketedTrainer
         from hvdtrain.store.kvstore import HorovodKVStore
-        trainer = BucketedTrainer(net.collect_params(), "sgd", sgd, kvstore=HorovodKVStore(),
-                                  update_on_kvstore=False, bucket_mb=args.bucket_mb)
+        from hvdtrain.store.sharded import ShardedTrainer
+        kind = ShardedTrainer if args.trainer == "sharded" else BucketedTrainer
+        trainer = kind(net.collect_params(), args.optimizer, settings,
+                       kvstore=HorovodKVStore(), update_on_kvstore=False,
+                       bucket_mb=args.bucket_mb)
         step_samples = lambda: 16 * hvd.size()  # noqa: E731
     else:
-        trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", sgd)
+        trainer = hvd.DistributedTrainer(net.collect_params(), args.optimizer, settings)
         step_samples = lambda: 16  # noqa: E731  (it averages)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     if args.state == "gluon":
@@ -172,9 +182,7 @@ def main():
     def train(state):
         emit("synced", rank=hvd.rank(), size=hvd.size(), step=state.step, digest=digest(net))
         while state.step < args.steps:
-            rng = np.random.RandomState(state.step * 1000 + hvd.rank())
-            x = mx.nd.array(rng.rand(16, 64))
-            y = mx.nd.array(rng.randint(0, 10, 16))
+            x, y = batch(state.step, hvd.rank())
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
@@ -205,12 +213,60 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(args.pause)
         emit("done", rank=hvd.rank(), size=hvd.size(), step=state.step, digest=digest(net))
+        if args.weights_out and hvd.rank() == 0:
+            save_weights(net, args.weights_out)
 
     train(state)
     # Let MXNet's engine finish what is queued (the last step's collectives): shut down with
     # one of them pending and a slower rank still in it fails.
     mx.nd.waitall()
     hvd.shutdown()
+    return 0
+
+
+SETTINGS = {"sgd": {"learning_rate": 0.1, "momentum": 0.9},
+            "adam": {"learning_rate": 0.01, "wd": 0.001}}
+
+
+def make_net():
+    """The worker's model, its weights from seed 1 (every rank's, and the reference's)."""
+    mx.random.seed(1)
+    net = gluon.nn.HybridSequential(prefix="spike_")
+    with net.name_scope():
+        net.add(gluon.nn.Dense(32, activation="relu", in_units=64),
+                gluon.nn.Dense(10, in_units=32))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def batch(step, rank):
+    """Rank `rank`'s 16 samples of step `step` (0-based)."""
+    rng = np.random.RandomState(step * 1000 + rank)
+    return mx.nd.array(rng.rand(16, 64)), mx.nd.array(rng.randint(0, 10, 16))
+
+
+def save_weights(net, path):
+    np.savez(path, **{name: p.data().asnumpy() for name, p in net.collect_params().items()})
+
+
+def reference(args):
+    """What the elastic job computes, without it: one process, a plain ``gluon.Trainer``
+    (no store), each step on the concatenated batches of ranks 0..size-1 of that step's
+    world size (the summed loss over the global batch, as the ranks' summed gradients)."""
+    with open(args.reference) as src:
+        sizes = json.load(src)
+    net = make_net()
+    trainer = gluon.Trainer(net.collect_params(), args.optimizer, SETTINGS[args.optimizer])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step, size in enumerate(sizes):
+        parts = [batch(step, rank) for rank in range(size)]
+        x = mx.nd.concat(*[p[0] for p in parts], dim=0)
+        y = mx.nd.concat(*[p[1] for p in parts], dim=0)
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(16 * size)
+    save_weights(net, args.weights_out)
     return 0
 
 

@@ -60,7 +60,8 @@ def run(args, folder):
                    "--steps", str(args.steps), "--commit-every", str(args.commit_every),
                    "--kill-step", str(args.kill_step if args.scenario == "kill" else -1),
                    "--marker", marker, "--state", args.state,
-                   "--trainer", args.trainer]
+                   "--trainer", args.trainer, "--bucket-mb", str(args.bucket_mb),
+                   "--optimizer", args.optimizer, "--weights-out", args.weights_out]
         env = dict(os.environ, PATH=job_path())
         if args.gloo_timeout:
             # How long a rank waits on a dead peer before its collective fails (Horovod's
@@ -155,6 +156,17 @@ def max_size(events):
     return max((e.get("size", 0) for e in events if e["event"] == "step"), default=0)
 
 
+def step_sizes(events):
+    """The world size each step of the finished run was trained at (index: 0-based step),
+    from rank 0's step lines: a step trained again after a rollback counts as the last
+    time."""
+    sizes = {}
+    for e in events:
+        if e["event"] == "step" and e.get("rank") == 0:
+            sizes[e["step"] - 1] = e["size"]
+    return [sizes[step] for step in sorted(sizes)]
+
+
 def summarise(code, wall, events, changes):
     recoveries = []
     for kind, t in changes:
@@ -188,7 +200,7 @@ def summarise(code, wall, events, changes):
                 errors=[e for e in events if e["event"] in ("step_error", "waitall_error")][:4],
                 sizes=sorted({e["size"] for e in events if e["event"] == "step"}),
                 done=[(e["rank"], e["size"], e["step"]) for e in events if e["event"] == "done"],
-                recoveries=recoveries, rollbacks=rollbacks,
+                recoveries=recoveries, rollbacks=rollbacks, step_sizes=step_sizes(events),
                 digest_disagreements=[list(k) for k, v in digests.items() if len(v) > 1])
 
 
@@ -204,7 +216,11 @@ def parse(argv=None):
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--gloo-timeout", type=int, default=0)
     parser.add_argument("--state", choices=["spike", "gluon"], default="spike")
-    parser.add_argument("--trainer", choices=["horovod", "hvdtrain"], default="horovod")
+    parser.add_argument("--trainer", choices=["horovod", "hvdtrain", "sharded"],
+                        default="horovod")
+    parser.add_argument("--bucket-mb", type=float, default=0.0)
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    parser.add_argument("--weights-out", default="")
     parser.add_argument("--out", default="")
     return parser.parse_args(argv)
 

@@ -10,13 +10,17 @@ import json
 import os
 import re
 import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from elastic_ids import trained_ids
 from elastic_job import parse as parse_job, run as run_job
 from elastic_spike import parse, run
 from helpers import record_job, tool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # `alone`: these jobs set Gloo's timeout to 10 s (a fast recovery). Beside the other test
 # process (a load of 7 on 2 cores) a returning host's workers once started too slowly to
@@ -86,6 +90,54 @@ def test_a_killed_rank_costs_a_rollback_not_the_job(tmp_path):
     assert result["rollbacks"] and all(r["step"] == 50 and r["matches_commit"]
                                        for r in result["rollbacks"]), _brief(result)
     assert not result["digest_disagreements"], _brief(result)
+
+
+@pytest.mark.parametrize("scenario", ["kill", "resize"])
+def test_a_sharded_optimizer_state_is_cut_again_for_the_ranks_after_a_reset(scenario,
+                                                                          tmp_path):
+    """hvdtrain's ShardedTrainer (``shard_optimizer``: Adam's state in slices of 2 buckets
+    over the ranks) under the spike's driver. `kill`: a rank of 4 is killed at step 35;
+    every commit gathered the whole state, so the survivors restore it, although a quarter
+    of it was on the rank killed, and cut it in halves for the 2 ranks there are then.
+    `resize`: 2 ranks grow to 4 (the joining workers take their quarters of rank 0's
+    whole state), then a host leaves, and Horovod resets without a sync: the survivors cut
+    the state their last commit gathered. Either way the final weights equal a plain Gluon
+    loop in one process that trains each step on the batches of that step's ranks (the
+    job's own record of its world sizes), to 1e-5; every rank agrees after every sync."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    weights = str(tmp_path / "elastic.npz")
+    steps, events = {"kill": (80, ["--kill-step", "35"]),
+                     "resize": (90, ["--grow-at", "20", "--shrink-at", "50"])}[scenario]
+    flags = ["--scenario", scenario, *events, "--state", "gluon", "--commit-every", "10",
+             "--gloo-timeout",
+             "10", "--trainer", "sharded", "--bucket-mb", "0.004", "--optimizer", "adam",
+             "--weights-out", weights, "--steps", str(steps), "--timeout", "240"]
+    _report_on_failure("elastic_spike.py", flags, folder)
+    result = run(parse(flags), str(folder))
+    assert result["exit"] == 0, _brief(result)
+    assert not result["digest_disagreements"], _brief(result)
+    sizes = result["step_sizes"]
+    if scenario == "kill":
+        assert result["rollbacks"] and all(r["step"] == 30 and r["matches_commit"]
+                                           for r in result["rollbacks"]), _brief(result)
+        assert sizes == [4] * 30 + [2] * 50, sizes
+    else:
+        changes = [size for i, size in enumerate(sizes) if i == 0 or size != sizes[i - 1]]
+        assert changes == [2, 4, 2] and len(sizes) == steps, sizes
+    schedule = tmp_path / "sizes.json"
+    schedule.write_text(json.dumps(sizes))
+    reference = str(tmp_path / "reference.npz")
+    subprocess.run([sys.executable, os.path.join(HERE, "elastic_program.py"), "--reference",
+                    str(schedule), "--optimizer", "adam", "--weights-out", reference],
+                   check=True, timeout=120)
+    got, want = np.load(weights), np.load(reference)
+    assert sorted(got.files) == sorted(want.files) and len(got.files) == 4
+    worst = max(float(np.max(np.abs(got[k] - want[k]))) for k in want.files)
+    print(f"{scenario}: world sizes {changes if scenario == 'resize' else '4, 2'}; largest "
+          f"difference from the one-process reference {worst:.2e}")
+    for name in want.files:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
 
 
 # A host joining and leaving a job that trains with hvdtrain's BucketedTrainer on its

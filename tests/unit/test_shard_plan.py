@@ -63,7 +63,6 @@ def test_a_slice_cut_inside_and_across_parameters():
     (dict(kvstore="local"), "--kvstore local"),
     (dict(grad_bucket_mb=0.0), "--grad-bucket-mb 0"),
     (dict(compression="powersgd"), "--compression powersgd"),
-    (dict(elastic=True), "--elastic"),
 ])
 def test_combinations_not_sharded_yet_are_refused_in_one_line(changes, needle):
     with pytest.raises(ConfigError) as err:
@@ -123,7 +122,7 @@ def test_one_rank_updates_as_the_bucketed_trainer(name):
     """Alone, a rank's slice is every bucket: the same update as BucketedTrainer's (bit for
     bit with Adam; LAMB's norms are taken by other kernels than MXNet's fused
     multi_lamb_update), its state in the sharded updater; the replicated state's copies
-    (an elastic commit's) are refused."""
+    are refused."""
     from hvdtrain.store.buckets import BucketedTrainer
     from hvdtrain.store.sharded import ShardedTrainer
     x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
@@ -139,9 +138,63 @@ def test_one_rank_updates_as_the_bucketed_trainer(name):
         a.size for a in results[1])
     with pytest.raises(NotImplementedError, match="call step"):
         trainer.allreduce_grads()
-    from hvdtrain.store.gluon_internals import optimizer_states
     with pytest.raises(NotImplementedError, match="shard_optimizer"):
-        optimizer_states(trainer)
+        trainer._updaters[0].get_states(dump_optimizer=True)  # noqa
+
+
+def test_the_whole_state_is_known_alone_until_the_next_update_then_only_gathered():
+    """An elastic sync's rank 0 gives the whole state alone (no collective): the one its
+    last commit gathered or a restore took, kept until the next update; after an update it
+    refuses in one line rather than start a gather the other ranks never join."""
+    import pickle
+    from hvdtrain.store.gluon_internals import optimizer_states, set_optimizer_states
+    from hvdtrain.store.sharded import ShardedTrainer
+    x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
+    _, trainer = _trained(ShardedTrainer, "adam", _net(), x, y, 0, bucket_mb=1 / 8192)
+    assert pickle.loads(optimizer_states(trainer, alone=True))[0] == {}  # nothing updated
+    net, trainer = _trained(ShardedTrainer, "adam", _net(), x, y, 2, bucket_mb=1 / 8192)
+    with pytest.raises(RuntimeError, match="cannot gather"):
+        optimizer_states(trainer, alone=True)
+    gathered = optimizer_states(trainer)  # every rank (here the only one)
+    assert optimizer_states(trainer, alone=True) == gathered
+    set_optimizer_states(trainer, gathered)  # a restore: taken, no slice cut yet
+    assert optimizer_states(trainer, alone=True) == gathered
+    with mx.autograd.record():
+        loss = gluon.loss.L2Loss()(net(x), y)
+    loss.backward()
+    trainer.step(6)
+    with pytest.raises(RuntimeError, match="cannot gather"):
+        optimizer_states(trainer, alone=True)
+
+
+def test_a_whole_state_taken_is_cut_for_the_ranks_there_are_at_the_next_step(monkeypatch):
+    """After an elastic reset the same trainer finds other ranks: the whole state the sync
+    gave it is cut into the slices of the new plan (rank 1 of 2: the second half of each
+    bucket), and the plan's collectives are named as a joining worker's first plan."""
+    from hvdtrain.store.gluon_internals import optimizer_states, set_optimizer_states
+    from hvdtrain.store.sharded import ShardedTrainer
+    import pickle
+    x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
+    _, trainer = _trained(ShardedTrainer, "adam", _net(), x, y, 2, bucket_mb=1 / 8192)
+    trainer.follow_gradients()
+    whole = optimizer_states(trainer)
+    set_optimizer_states(trainer, whole)
+    monkeypatch.setattr(type(trainer), "_world", lambda self: (1, 2))
+    trainer.replans = 3
+    trainer._settle()  # noqa  (what the next step does first)
+    states = pickle.loads(whole)[0]
+    assert trainer.replans == 0 and trainer._plan_suffix == ""  # noqa
+    cut = 0
+    for bucket, pieces in zip(trainer.buckets, trainer.pieces):
+        total = sum(trainer._params[i].data().size for i in bucket)  # noqa
+        assert sum(p.size for p in pieces) == total // 2
+        for piece in pieces:
+            for mine, theirs in zip(_leaves(trainer.shard_updater.states[piece.param]),
+                                    _leaves(states[piece.param])):
+                assert np.array_equal(mine.asnumpy(),
+                                      theirs.asnumpy().reshape(-1)[piece.start:piece.stop])
+                cut += 1
+    assert cut > 0
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam", "lamb"])

@@ -10,7 +10,9 @@ What one commit holds:
 - every array of the net (``collect_params()``: weights and BatchNorm running statistics);
 - the optimizer: its per-parameter states (momentum, Adam's moments) and the optimizer
   object itself (update counts, the learning-rate scheduler), as
-  ``Trainer.save_states`` would write them, but in memory;
+  ``Trainer.save_states`` would write them, but in memory; under ``shard_optimizer`` the
+  whole state, gathered from every rank's slices at each commit (a lost rank's slices are
+  then in every survivor's commit), and cut into slices for the new ranks after a reset;
 - AMP's dynamic loss scale (:mod:`hvdtrain.state.loss_scale`);
 - ``--ema``'s moving average of the model, when there is one (:mod:`hvdtrain.loop.recipe.ema`);
 - the position, a :class:`~hvdtrain.state.train_state.TrainState` (epoch, step, samples
@@ -143,7 +145,9 @@ class GluonState(ObjectState):
         others receive), plus a few chunks of the broadcast."""
         sent = None
         if self._rank() == 0:
-            self._save_model()
+            # Alone: a sharded trainer's whole state is the one its last commit gathered
+            # (or a restore or a load took), which it keeps until its next update.
+            self._save_model(alone=True)
             # The optimizer's blob goes as a uint8 array, a view of the bytes: the broadcast
             # then sends it from where it lies and a receiver keeps it where it arrived, as
             # the net's arrays (as bytes it was copied once more on either side).
@@ -161,12 +165,14 @@ class GluonState(ObjectState):
 
     # --- the MXNet side ---------------------------------------------------------------------
 
-    def _save_model(self):
+    def _save_model(self, alone: bool = False):
         # asnumpy() waits for the engine: the copy is of finished values, never of arrays
         # that an update still writes.
         self._saved_arrays = {name: p.data().asnumpy()
                               for name, p in params_by_place(self.net).items()}
-        self._saved_optimizer = optimizer_states(self.trainer)
+        # A sharded trainer's is gathered from every rank's slices (a collective: a commit
+        # is one every rank makes), or known without one (`alone`, store/sharded.py).
+        self._saved_optimizer = optimizer_states(self.trainer, alone=alone)
         self._saved_loss_scale = loss_scale_state(self.trainer)
         self._saved_position = dataclasses.replace(self.position)
         self._saved_ema = self.ema.state() if self.ema is not None else {}
