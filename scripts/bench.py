@@ -271,15 +271,20 @@ def measure_all(args, tmp, runs, results):
     results.write(complete=False)
     # --shard-optimizer: the optimizer state a rank holds, its peak RSS and the step time of
     # a 50M-parameter MLP with Adam, sharded and not, side by side (docs/performance.md).
+    # Then ResNet-18 with SGD and momentum, at 2 ranks: the step time side by side.
     shard = runs.collect([runs.start(
         [sys.executable, os.path.join(HERE, "bench_shard_optimizer.py")]
         + (["--ranks", "1,2", "--steps", "3"] if args.quick else []))], timeout=3600)
-    results.images += [{"row": "shard optimizer", "ranks": row["ranks"],
-                        "sharded": row["sharded"],
+    shard += runs.collect([runs.start(
+        [sys.executable, os.path.join(HERE, "bench_shard_optimizer.py"), "--model",
+         "resnet18", "--ranks", "2", "--batch", "16"]
+        + (["--steps", "3"] if args.quick else []))], timeout=3600)
+    results.images += [{"row": "shard optimizer", "model": document["model"],
+                        "ranks": row["ranks"], "sharded": row["sharded"],
                         "state_mib_per_rank": max(row["state_bytes_per_rank"]) / 2 ** 20,
                         "peak_rss_mib": max(row["peak_rss_mib_per_rank"]),
                         "step_seconds": row["step_seconds_median"]}
-                       for row in shard[0]["rows"]]
+                       for document in shard for row in document["rows"]]
     results.write(complete=False)
     # Is a run input-bound: resnet50_v1 at 224 on 2 ranks from RecordIO vs synthetic images.
     quick = ["--model", "resnet18_v1", "--steps", "4", "--images", "160", "--rounds", "1"]

@@ -1,4 +1,5 @@
-"""Horovod's reduce-scatter and all-gather into arrays the caller keeps (Horovod 0.28.1).
+"""Horovod's reduce-scatter, all-gather and all-to-all into arrays the caller keeps
+(Horovod 0.28.1).
 
 ``horovod.mxnet.reducescatter`` and ``allgather`` make a new output array on every call and
 wait for it. Every step that is a new, large allocation: on this 2-core host a rank's RSS
@@ -53,3 +54,15 @@ def allgather_into(tensor: mx.nd.NDArray, out: mx.nd.NDArray, name: str,
         ctypes.byref(tensor.handle), ctypes.byref(out.handle), c_str(name),
         ctypes.c_int(priority), ctypes.c_int(ops.global_process_set.process_set_id),
         ctypes.c_int(1)))
+
+
+def alltoall_into(tensor: mx.nd.NDArray, out: mx.nd.NDArray, splits: mx.nd.NDArray,
+                  received_splits: mx.nd.NDArray, name: str, priority: int = 0) -> None:
+    """Send part r of `tensor` (its first dimension cut by `splits`, an int32 array on the
+    CPU, the same on every rank) to rank r, and write the parts every rank sends this one
+    into `out`, in rank order; `received_splits` (int32, a rank's count each, on the CPU)
+    is written with their sizes."""
+    ops = _ops()
+    check_call(ops.MPI_MXNET_LIB_CTYPES.horovod_mxnet_alltoall_async(
+        tensor.handle, out.handle, c_str(name), splits.handle, received_splits.handle,
+        ctypes.c_int(priority), ctypes.c_int(ops.global_process_set.process_set_id)))

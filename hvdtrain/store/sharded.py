@@ -4,9 +4,10 @@ the elements.
 :class:`ShardedTrainer` is a :class:`~.buckets.BucketedTrainer` whose exchange and update
 are split differently. Each step:
 
-1. each bucket's flat gradient buffer is *reduce-scattered* (summed, one Horovod call):
-   rank r receives the sum of its own slice only (:mod:`.shard_plan`: contiguous, balanced
-   within one element, Horovod's own split);
+1. each bucket's flat gradient buffer is *reduce-scattered*: rank r ends with the sum over
+   the ranks of its own slice only (:mod:`.shard_plan`: contiguous, balanced within one
+   element, Horovod's own split), through one Horovod all-to-all (every rank sends rank r
+   its slice r) and a sum of the parts received, in rank order;
 2. rank r applies the user's optimizer object to its slice alone, cut into one piece per
    parameter it touches (each a flat view of that parameter's weight, with the parameter's
    own index: its ``lr_mult``/``wd_mult``, update count and rate schedule), scaled by the
@@ -19,7 +20,10 @@ buffers made once (:mod:`.collectives_into`): one slice's and one bucket's worth
 (a bucket of one parameter gathers straight into its weights).
 
 A reduce-scatter and an all-gather move the bytes of one allreduce (which is exactly a
-reduce-scatter then an all-gather in a ring). What is updated is, element by element, what
+reduce-scatter then an all-gather in a ring); the all-to-all sends what a ring's
+reduce-scatter sends, (N-1)/N of the bucket from each rank. Horovod's own reduce-scatter
+(Open MPI's ``MPI_Reduce_scatter``) took twice an allreduce's time on this host, its
+all-to-all less than half of one (docs/performance.md). What is updated is, element by element, what
 the unsharded Trainer updates, with the same elementwise kernels: the weights end equal
 (docs/performance.md, "Sharded optimizer state").
 
@@ -49,11 +53,11 @@ from mxnet import optimizer as opt
 
 from ..config import ConfigError
 from .buckets import BucketedTrainer
-from .collectives_into import allgather_into, reducescatter_into
+from .collectives_into import allgather_into, alltoall_into
 from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
 from .shard_checkpoint import gather_whole, sliced
 from .shard_lamb import lamb_update
-from .shard_plan import Piece, plan_shards
+from .shard_plan import Piece, plan_shards, shard_bounds
 from .shard_state import WholeStateRefused, state_bytes
 
 # Optimizers whose update of an element reads only that element (its weight, gradient and
@@ -169,30 +173,59 @@ class ShardedTrainer(BucketedTrainer):
 
     def _plan_buffers(self, totals: List[int], ranks: int) -> None:
         """Made once a plan, per dtype: one buffer of the largest slice, that each bucket's
-        summed slice is reduce-scattered into in turn (it then sends the updated weights),
-        and one of the largest bucket of several parameters, that their weights are
-        gathered into (a bucket of one parameter gathers straight into its weights). MXNet's
-        engine orders each reuse after the last read."""
+        summed slice is summed into in turn (it then sends the updated weights), and one
+        that each bucket's parts of this rank's slice are received into (every rank's, end
+        to end: about a bucket) and that a bucket of several parameters gathers its weights
+        into (a bucket of one parameter gathers straight into its weights). MXNet's engine
+        orders each reuse after the last read (views of one array share its engine
+        variable)."""
         ctx = self._contexts[0]
         # A bucket of fewer elements than ranks leaves some rank a slice of nothing, which
         # MXNet cannot allocate: Horovod's own calls size those (a few elements a step).
         self._small = [total < ranks for total in totals]
         self._grad_slices, self._gathered, self._own_slices = [], [], None
+        self._received, self._splits, self._received_splits = [], [], []
+        # Views made once a plan (a step makes none): each piece's part of the shared slice
+        # buffer, and each weight's part of the gathered bucket.
+        self._slice_views, self._unpacked = [], []
         self._half_wire = ranks > 1 and getattr(self._kvstore, "compression", "none") == "fp16"
         if ranks == 1:
             return
         dtypes = [flats[0].dtype for flats in self._flat_grads]
-        slices, gathers = {}, {}
-        for dtype, total, size, bucket in zip(dtypes, totals, self._slice_sizes, self.buckets):
+        sent = [np.float16 if self._half_wire and dtype == np.float32 else dtype
+                for dtype in dtypes]
+        slices, wires = {}, {}
+        for dtype, wire, total, size, bucket in zip(dtypes, sent, totals, self._slice_sizes,
+                                                    self.buckets):
             slices[dtype] = max(slices.get(dtype, 1), size)
+            wires[wire] = max(wires.get(wire, 1), ranks * size)
             if len(bucket) > 1:
-                gathers[dtype] = max(gathers.get(dtype, 1), total)
+                wires[dtype] = max(wires.get(dtype, 1), total)
         slices = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in slices.items()}
-        gathers = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in gathers.items()}
-        for dtype, total, size, bucket in zip(dtypes, totals, self._slice_sizes, self.buckets):
+        wires = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in wires.items()}
+        # Views kept for the plan's life: Horovod's queued calls hold their handles.
+        for dtype, wire, total, size, bucket in zip(dtypes, sent, totals, self._slice_sizes,
+                                                    self.buckets):
             self._grad_slices.append(slices[dtype][:max(size, 1)])
-            self._gathered.append(gathers[dtype][:total] if len(bucket) > 1 else
+            self._gathered.append(wires[dtype][:total] if len(bucket) > 1 else
                                   self._params[bucket[0]].list_data()[0].reshape(-1))
+            received = wires[wire][:max(ranks * size, 1)]
+            self._received.append((received, [received[r * size:(r + 1) * size]
+                                              for r in range(ranks)]))
+            self._splits.append(mx.nd.array([stop - start for start, stop in
+                                             shard_bounds(total, ranks)],
+                                            ctx=mx.cpu(), dtype=np.int32))
+            self._received_splits.append(mx.nd.zeros(ranks, ctx=mx.cpu(), dtype=np.int32))
+        for b, bucket in enumerate(self.buckets):
+            self._slice_views.append([self._grad_slices[b][p.offset:p.offset + p.size]
+                                      for p in self.pieces[b]])
+            unpacked, offset = [], 0
+            for i in bucket if len(bucket) > 1 else []:
+                data = self._params[i].list_data()[0]
+                unpacked.append((self._gathered[b][offset:offset + data.size].reshape(
+                    data.shape), data))
+                offset += data.size
+            self._unpacked.append(unpacked)
         self._half_views = []
         if self._half_wire:  # the float16 copies of the largest float32 bucket and slice
             wide = [(total, size) for dtype, total, size in
@@ -201,7 +234,6 @@ class ShardedTrainer(BucketedTrainer):
                                       dtype=np.float16)
             half_slice = mx.nd.zeros(max([n for _, n in wide] + [1]), ctx=ctx,
                                      dtype=np.float16)
-            # Views kept for the plan's life: Horovod's queued call holds their handles.
             self._half_views = [(half_bucket[:total], half_slice[:max(size, 1)])
                                 for total, size in zip(totals, self._slice_sizes)]
         mx.nd.waitall()  # allocated before Horovod's thread sizes them
@@ -310,17 +342,29 @@ class ShardedTrainer(BucketedTrainer):
                                      name=f"shard.reducescatter.{tag}").astype(np.float32)
         grad = self._grad_slices[b] if into is None else into
         if not half:
-            reducescatter_into(flat, grad, f"shard.reducescatter.{tag}",
-                               priority=-min(self.buckets[b]))
+            self._sum_slice(b, flat, grad)
             return grad
         # The float16 wire (--fp16-allreduce): the bucket cast into a float16 buffer, its
         # slice summed in float16 (as the store's allreduce sums), cast back for the update.
         wire, summed = self._half_views[b]
         mx.nd.cast(flat, dtype=np.float16, out=wire)
-        reducescatter_into(wire, summed, f"shard.reducescatter.{tag}",
-                           priority=-min(self.buckets[b]))
+        self._sum_slice(b, wire, summed)
         mx.nd.cast(summed, dtype=np.float32, out=grad)
         return grad
+
+    def _sum_slice(self, b: int, flat: mx.nd.NDArray, out: mx.nd.NDArray) -> None:
+        """This rank's slice of bucket `b`'s `flat` buffer summed over the ranks, into
+        `out`: a reduce-scatter, made of an all-to-all (each rank sends every other rank
+        that rank's slice of its buffer: the bytes a ring reduce-scatter sends) and a sum
+        here of the parts received, in rank order. Open MPI's own ``MPI_Reduce_scatter``
+        took twice an allreduce's time on this host (docs/performance.md)."""
+        received, parts = self._received[b]
+        alltoall_into(flat, received, self._splits[b], self._received_splits[b],
+                      f"shard.alltoall.{self._tag(b)}", priority=-min(self.buckets[b]))
+        if len(parts) == 2:
+            mx.nd.elemwise_add(parts[0], parts[1], out=out)
+        else:
+            mx.nd.add_n(*parts, out=out)
 
     def scatter_gradients(self) -> mx.nd.NDArray:
         """Reduce-scatter every bucket now (each into a slice buffer of its own, about 1/N
@@ -376,7 +420,8 @@ class ShardedTrainer(BucketedTrainer):
         if grad is None:
             grad = self._scatter(b)
         indices = [piece.param for piece in pieces]
-        grads = [grad[piece.offset:piece.offset + piece.size] for piece in pieces]
+        grads = self._slice_views[b] if self._slice_views and grad is self._grad_slices[b] else \
+            [grad[piece.offset:piece.offset + piece.size] for piece in pieces]
         if isinstance(self._optimizer, opt.LAMB):  # every rank: its norms are a collective
             lamb_update(self._optimizer, self.shard_updater.states, indices, grads, views,
                         len(self._params), lambda v: self._sum_over_ranks(v, tag),
@@ -385,15 +430,15 @@ class ShardedTrainer(BucketedTrainer):
             self.shard_updater(indices, grads, views)
         if self._ranks == 1:
             return
-        for piece, view in zip(pieces, views):  # the slice's gradient is read: it now sends
-            view.copyto(grad[piece.offset:piece.offset + piece.size])
-        if self._small[b]:
-            whole = hvd.allgather(grad, name=f"shard.allgather.{tag}")
-        else:
-            whole = self._gathered[b]
-            allgather_into(grad, whole, f"shard.allgather.{tag}", priority=-min(bucket))
-            if len(bucket) == 1:
-                return  # gathered into the weights themselves
+        for view, part in zip(views, grads):  # the slice's gradient is read: it now sends
+            view.copyto(part)
+        if not self._small[b]:
+            allgather_into(grad, self._gathered[b], f"shard.allgather.{tag}",
+                           priority=-min(bucket))
+            for gathered, data in self._unpacked[b]:  # none: gathered into the weight
+                gathered.copyto(data)
+            return
+        whole = hvd.allgather(grad, name=f"shard.allgather.{tag}")
         offset = 0
         for i in bucket:
             data = self._params[i].list_data()[0]

@@ -73,6 +73,9 @@ def test_sharded_ends_with_the_unsharded_weights(job, optimizer, unusable):
     # epsilon of 1e-6: the last-bit differences of the three-rank sums grow more through its
     # update than through Adam's; at 2 ranks it is bit for bit, as the others.
     tol = 1e-4 if optimizer == "bertadam" and len(arrays) > 2 else 1e-6
+    worst = max(float(np.max(np.abs(sharded[n] - plain[n]))) for n in plain)
+    print(f"{optimizer} at {len(arrays)} ranks, unusable={unusable}: largest difference "
+          f"{worst:.1e}")
     for name in plain:
         assert_arrays_close(sharded[name], plain[name], tol, what=name)
     if len(arrays) == 2 and optimizer != "lamb":
