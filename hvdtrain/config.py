@@ -159,8 +159,9 @@ class RunConfig:
     shard_optimizer: bool = option(
         False, "each rank keeps and applies the optimizer state of 1/N of the elements "
         "(ZeRO-1): the gradient buckets are reduce-scattered, each rank updates its slice, the "
-        "weights are all-gathered; an allreduce's bytes on the wire, the same weights, and "
-        "checkpoints that hold the whole state (docs/performance.md#sharded-optimizer-state)",
+        "weights are all-gathered; an allreduce's bytes on the wire, the same weights, "
+        "checkpoints that hold the whole state, and --elastic resets that cut it again "
+        "(docs/performance.md#sharded-optimizer-state)",
         group="distribution", kind="switch")
     elastic: bool = option(
         False, "survive lost and added hosts under horovodrun --min-np/--max-np "

@@ -55,7 +55,16 @@ def collective_errors():
     except mx.base.MXNetError as err:
         if not is_collective_failure(err):
             raise
-        raise HorovodInternalError(str(err).splitlines()[0]) from err
+        raise HorovodInternalError(error_summary(err)) from err
+
+
+def error_summary(err: BaseException) -> str:
+    """One line of an MXNet error: its first, or, when that only opens a C++ traceback
+    ("Traceback (most recent call last):"), its last, which holds the message."""
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    return lines[-1] if "Traceback (most recent call last)" in lines[0] else lines[0]
 
 
 def drain_engine():
@@ -70,7 +79,7 @@ def drain_engine():
     try:
         mx.nd.waitall()
     except mx.base.MXNetError as err:
-        log.warning("elastic reset: %s", str(err).splitlines()[0])
+        log.warning("elastic reset: %s", error_summary(err))
 
 
 def reset():

@@ -94,6 +94,26 @@ def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
     return whole
 
 
+def check_shapes(whole: Dict[int, object], shapes: Sequence[Optional[tuple]]) -> None:
+    """Refuse (ValueError) a whole state whose arrays do not have their parameter's shape (a
+    state of another model, or of its parameters in another order): at load, on every rank,
+    rather than at the first step on the rank whose slice meets it. `shapes`: every
+    parameter's, by position (None, or 0 in it: not known yet, not checked)."""
+    for index, state in whole.items():
+        if index >= len(shapes):
+            raise ValueError(f"the optimizer state names parameter {index}; the model has "
+                             f"{len(shapes)}: a state of another model")
+        shape = shapes[index]
+        if not shape or 0 in shape:
+            continue
+        for leaf in leaves(state):
+            if leaf is not None and tuple(leaf.shape) != tuple(shape):
+                raise ValueError(
+                    f"the optimizer state of parameter {index} has shape "
+                    f"{tuple(leaf.shape)}, the parameter {tuple(shape)}: a state of another "
+                    f"model, or of its parameters in another order")
+
+
 def sliced(whole: Dict[int, object], pieces: Sequence[Sequence[Piece]],
            ctx: mx.Context, shapes: Sequence[tuple]) -> Dict[int, object]:
     """This rank's states of its `pieces`, cut out of `whole` (a whole state, as

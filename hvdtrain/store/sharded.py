@@ -55,7 +55,7 @@ from ..config import ConfigError
 from .buckets import BucketedTrainer
 from .collectives_into import allgather_into, alltoall_into
 from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
-from .shard_checkpoint import gather_whole, sliced
+from .shard_checkpoint import check_shapes, gather_whole, sliced
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards, shard_bounds
 from .shard_state import WholeStateRefused, state_bytes
@@ -150,6 +150,13 @@ class ShardedTrainer(BucketedTrainer):
 
     def _replan(self) -> None:
         super()._replan()
+        self._plan_slices()
+
+    def _plan_slices(self) -> None:
+        """Cut the buckets into this rank's pieces, for the ranks there are now, and make
+        the buffers of the exchange (the buckets themselves are the ranks' alike: an
+        elastic reset plans only this again, so a static graph keeps writing its
+        gradients into them)."""
         rank, ranks = self._world()
         sizes = [[self._params[i].list_data()[0].size for i in bucket]
                  for bucket in self.buckets]
@@ -262,8 +269,8 @@ class ShardedTrainer(BucketedTrainer):
                                    "last gathered or taken): this rank's slices cannot be "
                                    "planned again; commit the elastic state before a reset")
             self._loaded = whole
-            self.replans = -1  # the plan below is 0, as on a worker that joins now
-            self._replan()  # cuts the pieces out of the whole state
+            self.replans = 0  # the collectives named as a joining worker's first plan
+            self._plan_slices()  # cuts the pieces out of the whole state
         elif self._loaded is not None and self._layout is not None:
             self._take_slices(self._loaded)
 
@@ -532,6 +539,7 @@ class ShardedTrainer(BucketedTrainer):
         optimizer.param_dict = dict(enumerate(self._params))
         self._updaters = [WholeStateRefused(optimizer)]
         self.shard_updater = opt.get_updater(optimizer)
+        check_shapes(states, [param.shape for param in self._params])
         self._loaded = self._resting = states
         self._scattered = None  # a slice scattered before belongs to the state undone
 

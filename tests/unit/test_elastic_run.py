@@ -40,3 +40,13 @@ def test_gloos_own_errors_are_failed_collectives_too(message):
     with pytest.raises(HorovodInternalError):
         with collective_errors():
             raise mx.base.MXNetError(message)
+
+
+def test_the_line_logged_of_an_error_is_its_message_not_a_traceback_header():
+    """An elastic reset logs one line of the engine's error: the message, also when MXNet's
+    text opens a C++ traceback (its first line alone said only "Traceback ...")."""
+    from hvdtrain.runtime.elastic_run import error_summary
+    assert error_summary(mx.base.MXNetError(GLOO_FAILURES[0])) == \
+        "MXNetError: Connection reset by peer"
+    assert error_summary(mx.base.MXNetError(FAILED)) == FAILED
+    assert error_summary(mx.base.MXNetError("")) == "MXNetError"

@@ -181,9 +181,12 @@ def test_a_whole_state_taken_is_cut_for_the_ranks_there_are_at_the_next_step(mon
     set_optimizer_states(trainer, whole)
     monkeypatch.setattr(type(trainer), "_world", lambda self: (1, 2))
     trainer.replans = 3
+    buckets = [flats[0] for flats in trainer._flat_grads]  # noqa
     trainer._settle()  # noqa  (what the next step does first)
     states = pickle.loads(whole)[0]
     assert trainer.replans == 0 and trainer._plan_suffix == ""  # noqa
+    # The gradient buckets stay (a static graph writes into them): only the slices change.
+    assert all(now[0] is then for now, then in zip(trainer._flat_grads, buckets))  # noqa
     cut = 0
     for bucket, pieces in zip(trainer.buckets, trainer.pieces):
         total = sum(trainer._params[i].data().size for i in bucket)  # noqa
@@ -289,3 +292,20 @@ def test_amps_loss_scaler_decides_from_the_slices():
     assert all(np.array_equal(a, b) for a, b in zip(*weights[1]))  # skipped
     assert all(not np.array_equal(a, b) for a, b in zip(*weights[2]))
     assert trainer._amp_loss_scaler.loss_scale == 2.0 ** 15  # noqa: halved once
+
+
+def test_a_whole_state_of_another_model_is_refused_at_load():
+    """The shapes are checked when the state is taken, on every rank alike, not at the first
+    step by the rank whose slice meets the wrong one."""
+    import pickle
+    from hvdtrain.store.gluon_internals import optimizer_states, set_optimizer_states
+    from hvdtrain.store.sharded import ShardedTrainer
+    x, y = mx.nd.random.normal(shape=(6, 5)), mx.nd.random.normal(shape=(6, 3))
+    _, trainer = _trained(ShardedTrainer, "adam", _net(), x, y, 1, bucket_mb=1 / 8192)
+    states, optimizer = pickle.loads(optimizer_states(trainer))
+    states[0], states[1] = states[1], states[0]  # another order of the parameters
+    with pytest.raises(ValueError, match=r"parameter [01] has shape"):
+        set_optimizer_states(trainer, pickle.dumps((states, optimizer)))
+    states[7] = states[0]
+    with pytest.raises(ValueError, match="names parameter 7"):
+        set_optimizer_states(trainer, pickle.dumps(({7: states[7]}, optimizer)))
