@@ -64,7 +64,20 @@ def test_rank_1_may_leave_early():
 '''
 
 
+# mpirun's --tag-output puts its tag before each piece it reads of a rank's output, and a
+# piece may end inside a line: CI's run of 2026-12-07 read "...test_fails_on_r" then
+# "[1,0]<stdout>:ank_1_alone". The script tags its own lines ("[rank R] "); mpirun's tags
+# are dropped wherever they fall, so that a line is whole again.
+MPIRUN_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+
+
 def run_script(tests_dir, *args, env=None):
+    proc = _run_script(tests_dir, *args, env=env)
+    proc.stdout = MPIRUN_TAG.sub("", proc.stdout)
+    return proc
+
+
+def _run_script(tests_dir, *args, env=None):
     return run_command(launcher("ranks", 2) + ["-x", "MXTESTS_TEST_TIMEOUT", "-x", "LEAVE_EARLY",
                                                sys.executable, SCRIPT, str(tests_dir),
                                                "-p", "no:logging", *args],
