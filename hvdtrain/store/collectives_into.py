@@ -1,7 +1,6 @@
-"""Horovod's reduce-scatter, all-gather and all-to-all into arrays the caller keeps
-(Horovod 0.28.1).
+"""Horovod's all-gather and all-to-all into arrays the caller keeps (Horovod 0.28.1).
 
-``horovod.mxnet.reducescatter`` and ``allgather`` make a new output array on every call and
+``horovod.mxnet.allgather`` and ``alltoall`` make a new output array on every call and
 wait for it. Every step that is a new, large allocation: on this 2-core host a rank's RSS
 grew by about 48 MB a step with a 50M-parameter model (the heap fragments, as with the fp16
 wire's fresh copies, kvstore.py), and Python waits for each bucket. Horovod's C entry points
@@ -32,17 +31,6 @@ def _ops():
                           f"entry points; found Horovod {horovod.__version__}: install "
                           f"horovod==0.28.1 (scripts/install-deps.sh), or drop the option")
     return mpi_ops
-
-
-def reducescatter_into(tensor: mx.nd.NDArray, out: mx.nd.NDArray, name: str,
-                       priority: int = 0) -> None:
-    """Sum `tensor` over the ranks and write this rank's part of the first dimension into
-    `out` (Horovod's split: the first ``size % ranks`` ranks one element more)."""
-    ops = _ops()
-    check_call(ops.MPI_MXNET_LIB_CTYPES.horovod_mxnet_reducescatter_async(
-        ctypes.byref(tensor.handle), ctypes.byref(out.handle), c_str(name),
-        ctypes.c_int(priority), ctypes.c_int(ops.global_process_set.process_set_id),
-        ctypes.c_int(1), ctypes.c_int(ops.Sum), ctypes.c_double(1.0), ctypes.c_double(1.0)))
 
 
 def allgather_into(tensor: mx.nd.NDArray, out: mx.nd.NDArray, name: str,

@@ -115,24 +115,16 @@ def check_shapes(whole: Dict[int, object], shapes: Sequence[Optional[tuple]]) ->
 
 
 def sliced(whole: Dict[int, object], pieces: Sequence[Sequence[Piece]],
-           ctx: mx.Context, shapes: Sequence[tuple]) -> Dict[int, object]:
+           ctx: mx.Context) -> Dict[int, object]:
     """This rank's states of its `pieces`, cut out of `whole` (a whole state, as
-    :func:`gather_whole` gives or an unsharded ``Trainer.save_states`` holds), on `ctx`;
-    `shapes`: every parameter's, by position. A state whose arrays do not have their
-    parameter's shape (a state of another model, or of parameters in another order) is
-    refused (ValueError)."""
+    :func:`gather_whole` gives or an unsharded ``Trainer.save_states`` holds, its shapes
+    checked: :func:`check_shapes`), on `ctx`."""
     mine = {}
     for bucket_pieces in pieces:
         for piece in bucket_pieces:
             state = whole.get(piece.param)
             if state is None:
                 continue  # never updated when saved: created at its first update, as then
-            for leaf in leaves(state):
-                if leaf is not None and tuple(leaf.shape) != tuple(shapes[piece.param]):
-                    raise ValueError(
-                        f"the optimizer state of parameter {piece.param} has shape "
-                        f"{tuple(leaf.shape)}, the parameter {tuple(shapes[piece.param])}: "
-                        f"a state of another model, or of its parameters in another order")
             cut = (leaf.reshape(-1)[piece.start:piece.stop].as_in_context(ctx).copy()
                    for leaf in leaves(state) if leaf is not None)
             mine[piece.param] = rebuilt(state, cut)

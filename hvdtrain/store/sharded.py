@@ -544,7 +544,9 @@ class ShardedTrainer(BucketedTrainer):
         self._scattered = None  # a slice scattered before belongs to the state undone
 
     def _take_slices(self, whole: dict) -> None:
-        self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0],
-                                           [param.shape for param in self._params])
+        # Checked again now that every shape is known (a state taken before a deferred
+        # initialisation was checked only where shapes were known then).
+        check_shapes(whole, [param.shape for param in self._params])
+        self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
         self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
         self._loaded = None
