@@ -218,8 +218,8 @@ def check_same_draw(split: BatchSplit, dist) -> None:
     if dist.num_workers == 1:
         return
     halves = (split.digest >> 16, split.digest & 0xFFFF)
-    sums = dist.sum_across_workers("batch_sampler_draw", mx.nd.array(
-        [v for h in halves for v in (h, h * h)], dtype="float64")).asnumpy().tolist()
+    sums = dist.agree("batch_sampler_draw", payload=[
+        v for h in halves for v in (h, h * h)]).tolist()
     if any(dist.num_workers * sums[i + 1] != sums[i] ** 2 for i in (0, 2)):
         raise DatasetError(
             "the DataLoader's batch sampler drew other batches on other ranks, seeded alike: "
