@@ -238,10 +238,13 @@ def _length(estimator) -> str:
 
 
 def _remove(model_dir, prefix, logger) -> None:
-    """Rank 0 removes a checkpoint past ``max_checkpoints``; one it cannot remove is named
-    in a warning (raising here would end rank 0 alone)."""
-    for name in os.listdir(model_dir):
-        if name.startswith(prefix):
+    """Rank 0 removes a checkpoint past ``max_checkpoints``: the files of `prefix` that
+    :meth:`CheckpointHandler._save_params_and_trainer` wrote, by their whole names (MXNet's
+    own removal matches the prefix: ``epoch0batch1`` would take ``epoch0batch10`` to
+    ``19`` with it). One it cannot remove is named in a warning (raising here would end
+    rank 0 alone)."""
+    for name in (prefix + ".params", prefix + ".states"):
+        if os.path.exists(os.path.join(model_dir, name)):
             try:
                 os.remove(os.path.join(model_dir, name))
             except OSError as err:

@@ -43,9 +43,13 @@ class AgreedError(RuntimeError):
 
     status = 1
 
-    def __init__(self, line: str, site: str, ranks: Sequence[int], dist=None):
+    def __init__(self, line: str, site: str = "", ranks: Sequence[int] = (), dist=None):
         super().__init__(line)
-        self.line, self.site, self.ranks, self._dist = line, site, list(ranks), dist
+        self.site, self.ranks, self._dist = site, list(ranks), dist
+
+    @property
+    def line(self) -> str:
+        return str(self)
 
     def leave(self) -> None:
         leave(self._dist)
@@ -56,9 +60,13 @@ class AgreedConfigError(ConfigError):
 
     status = 2
 
-    def __init__(self, line: str, site: str, ranks: Sequence[int], dist=None):
+    def __init__(self, line: str, site: str = "", ranks: Sequence[int] = (), dist=None):
         super().__init__(line)
-        self.line, self.site, self.ranks, self._dist = line, site, list(ranks), dist
+        self.site, self.ranks, self._dist = site, list(ranks), dist
+
+    @property
+    def line(self) -> str:
+        return str(self)
 
     def leave(self) -> None:
         leave(self._dist)
