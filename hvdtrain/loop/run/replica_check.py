@@ -38,7 +38,7 @@ import mxnet as mx
 import numpy as np
 
 from ...store.dist import DistContext
-from ...store.gluon_internals import is_statistic, params_by_place, trainer_params, updater_states
+from ...store.gluon_internals import params_by_place, statistics_of, trainer_params, updater_states
 from .together import StoppedTogether, leave_together, write_together
 
 logger = logging.getLogger("hvdtrain")
@@ -90,10 +90,10 @@ def model_replicas(net, trainer, statistics: bool = True) -> List[Replica]:
     the running statistics only if `statistics`), then each trained parameter's optimizer
     state on each device (one entry whatever the optimizer keeps, none included)."""
     out = []
-    places = params_by_place(net)
+    places, moved_alone = params_by_place(net), statistics_of(net)
     for name in sorted(places):
         param = places[name]
-        if statistics or not is_statistic(param):
+        if statistics or id(param) not in moved_alone:
             out.append(Replica(name, list(param.list_data())))
     names = {id(param): name for name, param in places.items()}
     for device, states in enumerate(updater_states(trainer)):
