@@ -36,10 +36,9 @@ REASON_WORDS = 128  # a reason travels as 4 bytes a float64 word: up to 512 byte
 _OK, _USAGE, _FAILED = 0, 1, 2  # a rank's verdict: its kind of failure picks the exit status
 
 
-class AgreedError(RuntimeError):
-    """Some rank could not go on at a site; every rank raises this at the same point, with
-    the same one line (:attr:`line`). Exit status 1; :meth:`leave` (a last collective,
-    then the store's orderly shutdown) after the line is printed."""
+class _Agreed:
+    """What every agreed error holds: the line (its message), the site, the ranks that
+    failed there, and the way out."""
 
     status = 1
 
@@ -52,24 +51,20 @@ class AgreedError(RuntimeError):
         return str(self)
 
     def leave(self) -> None:
+        """After the line is printed: :func:`leave`."""
         leave(self._dist)
 
 
-class AgreedConfigError(ConfigError):
+class AgreedError(_Agreed, RuntimeError):
+    """Some rank could not go on at a site; every rank raises this at the same point, with
+    the same one line (:attr:`line`). Exit status 1; :meth:`leave` (a last collective,
+    then the store's orderly shutdown) after the line is printed."""
+
+
+class AgreedConfigError(_Agreed, ConfigError):
     """:class:`AgreedError` where the failing rank's reason was bad input (exit status 2)."""
 
     status = 2
-
-    def __init__(self, line: str, site: str = "", ranks: Sequence[int] = (), dist=None):
-        super().__init__(line)
-        self.site, self.ranks, self._dist = site, list(ranks), dist
-
-    @property
-    def line(self) -> str:
-        return str(self)
-
-    def leave(self) -> None:
-        leave(self._dist)
 
 
 class FaultInjected(RuntimeError):
