@@ -25,6 +25,7 @@ from jobs import DIGITS, launcher
 
 pytestmark = pytest.mark.dist
 STALL_S = 20
+TAG = re.compile(r"\[1,\d+\]<std\w+>:")  # mpirun's tags, wherever they fall
 FLAGS = DIGITS + ["--model", "bn_cnn", "--epochs", "2", "--batch-size", "64",
                   "--checkpoint-every", "5steps", "--clip-grad-norm", "5",
                   "--stall-timeout", str(STALL_S)]
@@ -92,7 +93,7 @@ def test_one_rank_failing_at_a_site_ends_every_rank_in_one_line(tmp_path, site, 
     assert proc.returncode != 0, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
     cause = f"fault injected at {site} on rank 1 ({FAULT_ENV})"
-    lines = {rank: [l.split(">:", 1)[1] for l in proc.stdout.splitlines()
+    lines = {rank: [TAG.sub("", l.split(">:", 1)[1]) for l in proc.stdout.splitlines()
                     if l.startswith(f"[1,{rank}]") and re.search(r"error|SIGTERM", l)]
              for rank in range(ranks)}
     assert lines[1] and cause in lines[1][-1], lines
