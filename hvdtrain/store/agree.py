@@ -23,6 +23,7 @@ there, and every rank must leave within the stall timeout with one line.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Optional, Sequence
 
@@ -31,6 +32,8 @@ import numpy as np
 
 from ..config import ConfigError
 from .sites import FAULT_ENV, SITES, site_of
+
+logger = logging.getLogger("hvdtrain")
 
 REASON_WORDS = 128  # a reason travels as 4 bytes a float64 word: up to 512 bytes of UTF-8
 _OK, _USAGE, _FAILED = 0, 1, 2  # a rank's verdict: its kind of failure picks the exit status
@@ -135,6 +138,9 @@ def agree(dist, site: str, reason=None, payload=None, key: str = "") -> np.ndarr
     if reason is None and fault_due(site, dist.rank):
         reason = FaultInjected(f"fault injected at {site} on rank {dist.rank} ({FAULT_ENV})")
     kind = _OK if reason is None else _USAGE if isinstance(reason, ConfigError) else _FAILED
+    if kind == _FAILED and isinstance(reason, Exception) and not isinstance(
+            reason, (FaultInjected, _Agreed)):  # its traceback, for whoever debugs it
+        logger.debug("rank %d at %s", dist.rank, site, exc_info=reason)
     text = "" if reason is None else _text(reason)
     values = np.zeros(0) if payload is None else np.asarray(payload, np.float64).ravel()
     ranks = dist.num_workers

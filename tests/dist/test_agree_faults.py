@@ -52,7 +52,8 @@ ELSEWHERE = {
                                  "cannot_read_stops_every_rank_in_one_line",
     "evaluate_usable": "test_evaluate_alone.py::test_evaluate_alone_on_a_rank_with_no_usable_"
                        "sample_stops_every_rank_alike",
-    "shard_save": "test_shard_agree.py (a stale gradient; the save's write: unit only)",
+    "shard_save": "test_shard_agree.py::test_a_failed_save_on_one_of_three_ranks_stops_"
+                  "every_rank_with_the_same_line",
     "replica_values": "test_replica_check.py (only after a difference)",
     "replica_gaps": "test_replica_check.py (only after a difference)",
     "skipped_samples": "test_bad_data.py (only with unusable samples)",
