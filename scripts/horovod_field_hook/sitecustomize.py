@@ -1,0 +1,112 @@
+"""Measurement hook of scripts/run_horovod_scripts.py ``--dump DIR``; no part of any script.
+
+Python imports ``sitecustomize`` at start-up; the runner puts this folder on PYTHONPATH of
+the script's processes when asked to measure, under either module alike. It changes no
+result; it records:
+
+- ``rank{R}-step0.npz`` and ``rank{R}-step1.npz``: every array the script's trainer was
+  given (weights and running statistics), just before and just after its first ``step``;
+- ``rank{R}-epoch{E}.npz``: the same arrays after epoch E, taken when the next epoch's
+  first step begins (after the script's own evaluation and saves) or at exit. An epoch is a
+  pass over a DataLoader during which the trainer stepped;
+- ``rank{R}-steps.json``: each step's start time (``time.perf_counter``) and the step
+  index each epoch ended at, for steps/s.
+
+With HVDFIELD_SEED set it also seeds Python's, NumPy's and MXNet's generators with
+SEED + rank at start-up, so that two runs (one per module) draw the same initial weights,
+shuffles and augmentations and their first steps can be compared.
+"""
+import atexit
+import json
+import os
+import time
+
+DUMP = os.environ.get("HVDFIELD_DUMP")
+RANK = int(os.environ.get("HVDFIELD_RANK", "0"))
+
+
+class Recorder:
+    """The trainer's arrays and step times of this rank."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.params = None
+        self.times = []
+        self.epoch_ends = []
+        self.pending = False   # a loader pass with steps ended; its epoch not dumped yet
+
+    def dump(self, label):
+        import numpy as np
+        arrays = {p.name: p.data().asnumpy() for p in self.params}
+        np.savez(os.path.join(self.folder, f"rank{RANK}-{label}.npz"), **arrays)
+
+    def end_epoch(self):
+        self.dump(f"epoch{len(self.epoch_ends)}")
+        self.epoch_ends.append(len(self.times))
+        self.pending = False
+
+    def before_step(self):
+        if self.pending:
+            self.end_epoch()
+        if not self.times:
+            self.dump("step0")
+        self.times.append(time.perf_counter())
+
+    def after_step(self):
+        if len(self.times) == 1:
+            self.dump("step1")
+
+    def at_exit(self):
+        if self.params is None:
+            return
+        if self.pending:
+            self.end_epoch()
+        with open(os.path.join(self.folder, f"rank{RANK}-steps.json"), "w") as out:
+            json.dump({"times": self.times, "epoch_ends": self.epoch_ends}, out)
+
+
+def install(recorder):
+    from mxnet import gluon
+
+    init = gluon.Trainer.__init__
+
+    def trainer_init(self, params, *args, **kwargs):
+        init(self, params, *args, **kwargs)
+        if recorder.params is not None:
+            return  # the script's first trainer is the one measured
+        recorder.params = list(params.values()) if hasattr(params, "values") else list(params)
+        step = self.step
+
+        def measured_step(*a, **k):
+            recorder.before_step()
+            out = step(*a, **k)
+            recorder.after_step()
+            return out
+        self.step = measured_step
+
+    gluon.Trainer.__init__ = trainer_init
+    loader_iter = gluon.data.DataLoader.__iter__
+
+    def iterate(self):
+        before = len(recorder.times)
+        yield from loader_iter(self)
+        if len(recorder.times) > before:
+            recorder.pending = True
+    gluon.data.DataLoader.__iter__ = iterate
+    atexit.register(recorder.at_exit)
+
+
+def seed(value):
+    import random
+    import mxnet as mx
+    import numpy as np
+    random.seed(value + RANK)
+    np.random.seed(value + RANK)
+    mx.random.seed(value + RANK)
+
+
+if os.environ.get("HVDFIELD_SEED"):
+    seed(int(os.environ["HVDFIELD_SEED"]))
+if DUMP:
+    os.makedirs(DUMP, exist_ok=True)
+    install(Recorder(DUMP))
