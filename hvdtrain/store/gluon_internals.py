@@ -182,6 +182,18 @@ def shape_deferred(param) -> bool:
     return bool(param._deferred_init)  # pylint: disable=protected-access
 
 
+def after_deferred_init(param, then) -> None:
+    """Call ``then(param)`` right after Gluon initialises `param`, whose shape waits for a
+    first forward pass (:func:`shape_deferred`): Gluon has no public hook there."""
+    init_impl = param._init_impl  # pylint: disable=protected-access
+
+    def initialised(*args, **kwargs):
+        init_impl(*args, **kwargs)
+        then(param)
+
+    param._init_impl = initialised  # pylint: disable=protected-access
+
+
 def trainer_params(trainer) -> list:
     """The parameters `trainer` updates, in its order."""
     return list(trainer._params)  # pylint: disable=protected-access
