@@ -53,9 +53,15 @@ TRAIN_SSD = (
           "random weights instead, nothing is downloaded",
           r"get_model\(net_name, pretrained_base=True, norm_layer=gluon\.nn\.BatchNorm\)",
           "get_model(net_name, pretrained_base=False, norm_layer=gluon.nn.BatchNorm)", 1),
-    Patch("VOC reads VOC2007 and VOC2012: the generated set has VOC2007 only",
-          r"splits=\[\(2007, 'trainval'\), \(2012, 'trainval'\)\]",
-          "splits=[(2007, 'trainval')]", 1),
+    Patch("VOC is read from ~/.mxnet/datasets/voc whatever --dataset-root says, VOC2007 and "
+          "VOC2012: from --dataset-root (as COCO is), the generated set's VOC2007 only",
+          r"gdata\.VOCDetection\(\n(\s*)splits=\[\(2007, 'trainval'\), \(2012, 'trainval'\)\]\)",
+          r"gdata.VOCDetection(root=os.path.join(os.path.expanduser(args.dataset_root), 'voc'),"
+          r"\n\1splits=[(2007, 'trainval')])", 1),
+    Patch("(the same for the validation set)",
+          r"gdata\.VOCDetection\(\n(\s*)splits=\[\(2007, 'test'\)\]\)",
+          r"gdata.VOCDetection(root=os.path.join(os.path.expanduser(args.dataset_root), 'voc'),"
+          r"\n\1splits=[(2007, 'test')])", 1),
 )
 
 PATCHES = {

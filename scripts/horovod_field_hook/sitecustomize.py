@@ -1,14 +1,16 @@
 """Measurement hook of scripts/run_horovod_scripts.py ``--dump DIR``; no part of any script.
 
 Python imports ``sitecustomize`` at start-up; the runner puts this folder on PYTHONPATH of
-the script's processes when asked to measure, under either module alike. It changes no
-result; it records:
+the script's processes when asked to measure, under either module alike. It records:
 
 - ``rank{R}-step0.npz`` and ``rank{R}-step1.npz``: every array the script's trainer was
   given (weights and running statistics), just before and just after its first ``step``;
-- ``rank{R}-epoch{E}.npz``: the same arrays after epoch E, taken when the next epoch's
-  first step begins (after the script's own evaluation and saves) or at exit. An epoch is a
-  pass over a DataLoader during which the trainer stepped;
+- ``rank{R}-epoch{E}.npz``: the same arrays after epoch E, taken when the next pass over
+  the training DataLoader begins (after the script's own evaluation and saves, before the
+  next epoch's first batch) or at exit. An epoch is a pass over a DataLoader during which
+  the trainer stepped. At exit the dump waits for the arrays, and so for the last step's
+  exchange: a script that leaves without waiting for it (GluonCV's train_ssd.py on ranks
+  other than 0) fails under horovod.mxnet without the hook (docs/horovod-field.md);
 - ``rank{R}-steps.json``: each step's start time (``time.perf_counter``) and the step
   index each epoch ended at, for steps/s.
 
@@ -34,6 +36,7 @@ class Recorder:
         self.times = []
         self.epoch_ends = []
         self.pending = False   # a loader pass with steps ended; its epoch not dumped yet
+        self.train_loader = None  # the loader of that pass
 
     def dump(self, label):
         import numpy as np
@@ -46,8 +49,6 @@ class Recorder:
         self.pending = False
 
     def before_step(self):
-        if self.pending:
-            self.end_epoch()
         if not self.times:
             self.dump("step0")
         self.times.append(time.perf_counter())
@@ -75,6 +76,10 @@ def install(recorder):
         if recorder.params is not None:
             return  # the script's first trainer is the one measured
         recorder.params = list(params.values()) if hasattr(params, "values") else list(params)
+        # Registered now, after the script imported Horovod: run before Horovod's own exit
+        # handler shuts it down (last registered, first run), while the last step's
+        # exchange can still finish.
+        atexit.register(recorder.at_exit)
         step = self.step
 
         def measured_step(*a, **k):
@@ -88,12 +93,13 @@ def install(recorder):
     loader_iter = gluon.data.DataLoader.__iter__
 
     def iterate(self):
+        if recorder.pending and self is recorder.train_loader:
+            recorder.end_epoch()  # the next epoch begins: before its first batch
         before = len(recorder.times)
         yield from loader_iter(self)
         if len(recorder.times) > before:
-            recorder.pending = True
+            recorder.train_loader, recorder.pending = self, True
     gluon.data.DataLoader.__iter__ = iterate
-    atexit.register(recorder.at_exit)
 
 
 def seed(value):

@@ -57,13 +57,7 @@ def folder(tmp_path_factory):
     return path
 
 
-HVDTRAIN_HOROVOD = os.path.isdir(os.path.join(HERE, "..", "..", "hvdtrain", "horovod"))
-# TEMPORARY (branch h65b until h65's module is pulled): no hvdtrain.horovod yet.
-MODULES = ["horovod.mxnet", pytest.param("hvdtrain.horovod", marks=pytest.mark.skipif(
-    not HVDTRAIN_HOROVOD, reason="hvdtrain.horovod not in this branch yet"))]
-
-
-@pytest.fixture(scope="module", params=MODULES)
+@pytest.fixture(scope="module", params=["horovod.mxnet", "hvdtrain.horovod"])
 def trained(request, folder, tmp_path_factory):
     """The training script at 2 ranks under one module, its arrays dumped."""
     dumps, out = tmp_path_factory.mktemp("dumps"), tmp_path_factory.mktemp("out")
