@@ -116,3 +116,45 @@ def test_a_file_the_patches_do_not_fit_is_refused_in_one_line(tmp_path):
     assert proc.stdout.strip() == f"run_horovod_scripts.py: error: {tmp_path} holds no " \
                                   f"train_horovod.py: fetch the scripts there first " \
                                   f"(docs/horovod-field.md)"
+
+
+# The lines of GluonCV 0.10's train_horovod.py that its patches change, as they stand there.
+GLUONCV_LINES = '''
+import os
+import horovod.mxnet as hvd
+
+
+class args:
+    input_size = 64
+
+
+num_classes = 1000
+
+
+def get_train_data():
+    from autogluon.utils import pil_transforms
+    return pil_transforms
+
+
+def get_val_data():
+    from autogluon.utils import pil_transforms
+    return pil_transforms
+
+
+kwargs = {'ctx': None,
+          'pretrained': False,
+          'classes': num_classes,
+          'input_size': args.input_size}
+print(hvd.__name__, num_classes, sorted(kwargs), get_train_data(), get_val_data())
+'''
+
+
+def test_gluoncv_train_horovod_patches(tmp_path):
+    """The three patches of train_horovod.py, on its lines: autogluon optional, the class
+    count from HVDFIELD_CLASSES, no input_size for the model."""
+    (tmp_path / "train_horovod.py").write_text(GLUONCV_LINES)
+    proc = run_runner(tmp_path, "train_horovod.py", ranks=0, env={"HVDFIELD_CLASSES": "10"})
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.splitlines() == [
+        "train_horovod.py: 1 import(s) of horovod.mxnet now of hvdtrain.horovod, 3 patch(es)",
+        "hvdtrain.horovod 10 ['classes', 'ctx', 'pretrained'] None None"], proc.stdout
