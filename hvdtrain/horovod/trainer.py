@@ -29,6 +29,7 @@ from ..loop.engine.replicas import average_running_stats, running_statistics
 from ..loop.run.replica_check import ReplicaCheck
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
+from ..store.gluon_internals import broadcast_at_first_step, is_statistic
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
@@ -106,6 +107,9 @@ class DistributedTrainer(BucketedTrainer):
         store = _store(session, compression)
         super().__init__(params, optimizer, optimizer_params, kvstore=store,
                          update_on_kvstore=False, bucket_mb=BUCKET_MB)
+        # The first step broadcasts rank 0's weights (a script that forgot
+        # broadcast_parameters still trains one model); the statistics it averages instead.
+        broadcast_at_first_step(self, lambda param: not is_statistic(param))
         self._trained = TrainedParams(self._params)
         self._statistics = bool(running_statistics(self._trained))
         self.replicas = ReplicaCheck(self._trained, self, session.dist,

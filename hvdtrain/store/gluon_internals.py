@@ -429,6 +429,14 @@ def skip_first_step_broadcast(trainer) -> None:
     trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
 
 
+def broadcast_at_first_step(trainer, keep) -> None:
+    """Let `trainer`'s first step broadcast only the parameters ``keep(param)`` accepts
+    (``gluon.Trainer`` broadcasts every parameter through its store then): for arrays made
+    equal across ranks otherwise, such as running statistics averaged at that step."""
+    trainer._params_to_init = [p for p in trainer._params_to_init  # pylint: disable=protected-access
+                               if keep(p)]
+
+
 def model_store_url(file_name: str) -> str:
     """Where MXNet's model store downloads the zoo's `file_name` (``resnet18_v1-a0666292``)
     from: ``$MXNET_GLUON_REPO`` or Apache's host, as ``get_model_file`` builds it."""

@@ -87,8 +87,8 @@ def main(out_dir, module, options):
         metric = mx.metric.Accuracy()
         half = VAL // ranks
         for at in range(rank * half, (rank + 1) * half, BATCH):
-            x = mx.nd.array(val_images[at:at + BATCH])
-            metric.update([mx.nd.array(val_labels[at:at + BATCH])], [net(x)])
+            end = min(at + BATCH, (rank + 1) * half)
+            metric.update([mx.nd.array(val_labels[at:end])], [net(mx.nd.array(val_images[at:end]))])
         if options.get("metric") == "1":
             record["val_acc"].append(hvd.allreduce_metric(metric)[1])
         else:
