@@ -18,6 +18,7 @@ Horovod store, and each ``step(batch_size)`` (or ``update(batch_size)`` after
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Optional
 
@@ -27,6 +28,8 @@ from horovod.mxnet import Compression, DistributedOptimizer, global_process_set
 from ..config import ConfigError, RunConfig
 from ..loop.engine.replicas import average_running_stats, running_statistics
 from ..loop.run.replica_check import ReplicaCheck
+from ..loop.run.together import StoppedTogether
+from ..report.log import error_line
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
 from ..store.gluon_internals import broadcast_at_first_step, is_statistic
@@ -154,4 +157,9 @@ class DistributedTrainer(BucketedTrainer):
         """Compare every array (weights, optimizer state, running statistics) across the
         ranks now; every rank calls it at the same point. What a difference leads to:
         ``HVDTRAIN_REPLICA_CHECK``."""
-        return self.replicas.verify(where)
+        try:
+            return self.replicas.verify(where)
+        except StoppedTogether as stop:  # strict: every rank says so in one line, exits 1
+            error_line(stop.line)
+            stop.leave()
+            os._exit(stop.status)  # pylint: disable=protected-access

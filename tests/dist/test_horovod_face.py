@@ -155,3 +155,22 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
             mine = [line for line in lines if f"[rank {rank}] ERROR" in line]
             assert len(mine) == (1 if rank == 0 else len(mine[:1])), proc.stdout[-2000:]
     assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("policy", ["resync", "strict"])
+def test_a_replica_that_drifts_is_named_then_resynced_or_stops_the_job(policy, tmp_path):
+    """Rank 1 moves a weight of its own after its second step; the check every 3 steps
+    names it: resync gives every rank rank 0's values and training goes on (every array
+    equal at the end), strict ends every rank, one line each, exit 1."""
+    proc = _run(tmp_path, "hvdtrain.horovod", "epochs=1", "nudge=1:2",
+                env={"HVDTRAIN_REPLICA_CHECK": policy, "HVDTRAIN_REPLICA_CHECK_EVERY": "3"})
+    lines = [line for line in proc.stdout.splitlines() if "replicas differ at step 3" in line]
+    assert "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    if policy == "resync":
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert len(lines) == 1 and "conv0_weight" in lines[0], proc.stdout[-3000:]
+        a, b = (_arrays(tmp_path, r, 0) for r in (0, 1))
+        assert all(np.array_equal(a[name], b[name]) for name in a)
+    else:
+        assert proc.returncode != 0
+        assert len(lines) == 2 and all("error" in line for line in lines), proc.stdout[-3000:]
