@@ -31,7 +31,9 @@ def allreduce_metric(metric, name="metric", strided=False):
     strided : bool
         How the script split its samples, for records kept in sample order (detections):
         each rank a block of its own (False, as GluonCV's ``SplitSampler``), or rank r the
-        samples ``r, r + N, ...`` (True).
+        samples ``r, r + N, ...`` (True). Records are noted with their sample from the
+        metric's first reduction on: for ``strided=True`` reduce the fresh metric once
+        before its first update (without notes the records keep rank order).
     """
     session = sessions.current()
     with session.calling("allreduce_metric"):
