@@ -453,19 +453,23 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         may hold different weights (each initialised its own; no start-up broadcast ran),
         so they are compared as at an epoch's end (shapes Gluon defers settled first by one
         validation batch); what differs is rank 0's from then on, as ``replica_check``
-        says (docs/estimator.md)."""
-        if any(shape_deferred(p) for p in self.net.collect_params().values()):
-            feed.sampler.set_epoch(self.state.epoch)
-            batch = next((b for b in feed if self.processor.batch_samples(b, batch_axis)),
-                         None)
-            # Every rank runs the pass (a rank with no sample in its shard would not know
-            # the shapes): a shard of nothing scores nothing, and says so below.
-            if batch is not None:
-                self.processor.evaluate_batch(self, batch, batch_axis)
-            elif any(shape_deferred(p) for p in self.net.collect_params().values()):
-                raise ConfigError("evaluate(): this rank's share of the data holds no usable "
-                                  "sample, and the net's shapes are not known yet: run one "
-                                  "batch through the net (or load its parameters) first")
+        says (docs/estimator.md). A rank that cannot settle them says why to every rank
+        (the replica check is a collective: refusing alone, it would leave the others
+        there)."""
+        with self.dist.agreement("evaluate_usable"):
+            if any(shape_deferred(p) for p in self.net.collect_params().values()):
+                feed.sampler.set_epoch(self.state.epoch)
+                batch = next((b for b in feed if self.processor.batch_samples(
+                    b, batch_axis)), None)
+                # Every rank runs the pass (a rank with no sample in its shard would not
+                # know the shapes): a shard of nothing scores nothing, and says so below.
+                if batch is not None:
+                    self.processor.evaluate_batch(self, batch, batch_axis)
+                elif any(shape_deferred(p) for p in self.net.collect_params().values()):
+                    raise ConfigError("evaluate(): this rank's share of the data holds no "
+                                      "usable sample, and the net's shapes are not known yet: "
+                                      "run one batch through the net (or load its "
+                                      "parameters) first")
         ReplicaCheck(self.net, self.trainer, self.dist, self.config.replica_check).verify(
             "evaluate() before scoring")
 

@@ -11,7 +11,7 @@ save (:func:`host_arrays`, :func:`optimizer_states_later`), nor to say where the
 files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline),
 nor to give every rank AMP's loss scale for an update whether or not it ran a backward pass
 (:func:`set_loss_scale`), nor to tell a running statistic from a frozen weight
-(:func:`is_statistic`), nor to take back MKL-DNN's own layout of a weight
+(:func:`statistics_of`), nor to take back MKL-DNN's own layout of a weight
 (:func:`to_default_layout`).
 All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
 stay correct whatever the user does to parameters), so the private calls live here, behind a
@@ -300,12 +300,29 @@ def sparse_gradient(param) -> bool:
     return param._grad_stype != "default"  # pylint: disable=protected-access
 
 
-def is_statistic(param) -> bool:
-    """Whether `param` is an array no gradient can ever reach, which each replica moves on
-    its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's
-    ``differentiable=False``, kept private. A parameter merely frozen (``grad_req='null'``)
-    is not one."""
-    return not param._differentiable  # pylint: disable=protected-access
+def statistics_of(net) -> set:
+    """The ids of `net`'s parameters no gradient can ever reach, which each replica moves
+    on its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's
+    ``differentiable=False``, kept private, and the auxiliary states of every ``SymbolBlock`` inside it
+    (BatchNorm's moving mean and variance brought in as a symbol, as GluonCV's SSD
+    ``FeatureExpander`` does), which Gluon creates ``grad_req='null'`` but differentiable:
+    no gradient reaches them, and the forward pass in training moves them. A parameter
+    merely frozen (``grad_req='null'``, not an auxiliary state) is not one."""
+    found = {id(p) for p in net.collect_params().values()
+             if not p._differentiable}  # pylint: disable=protected-access
+    stack, seen = [net], set()
+    while stack:
+        block = stack.pop()
+        if id(block) in seen:
+            continue
+        seen.add(id(block))
+        graph = getattr(block, "_cached_graph", None)
+        if isinstance(block, mx.gluon.SymbolBlock) and graph:
+            aux = set(graph[1].list_auxiliary_states())
+            found.update(id(p) for p in block._params.values()  # pylint: disable=protected-access
+                         if p.name in aux)
+        stack.extend(block._children.values())  # pylint: disable=protected-access
+    return found
 
 
 def params_by_place(net) -> dict:

@@ -150,7 +150,8 @@ class MetricBook:
         if parts and together:
             # float64: counts and sums stay exact far beyond float32's 2**24.
             values = mx.nd.array(np.array(parts, np.float64), dtype="float64")
-            summed = dist.sum_across_workers(self.name, values).asnumpy().tolist()
+            summed = dist.sum_across_workers(f"{COLLECTIVE_NAME}.{self.name}",
+                                             values).asnumpy().tolist()
         for (leaf, path), was, total in zip(sums, held, summed):
             _set(leaf, path, _like(was, total))
         if gathered:
