@@ -33,16 +33,19 @@ from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
-from ..store.gluon_internals import broadcast_at_first_step, is_statistic
+from ..store.gluon_internals import broadcast_at_first_step
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
-SAMPLES_NAME = "hvdtrain.horovod.samples"
 BUCKET_MB = default_of(RunConfig.__dataclass_fields__["grad_bucket_mb"])
 
 
 class TrainedParams:
-    """A trainer's parameters, read as the replica rooms read a net (by name)."""
+    """A trainer's parameters, read as the replica rooms read a net (by name). It has no
+    blocks: a SymbolBlock's auxiliary states (found through the net) are not told from
+    frozen parameters here, and the replica check is what keeps them equal."""
+
+    _children: dict = {}
 
     def __init__(self, params):
         self.params = {param.name: param for param in params}
@@ -113,9 +116,10 @@ class DistributedTrainer(BucketedTrainer):
                          update_on_kvstore=False, bucket_mb=BUCKET_MB)
         # The first step broadcasts rank 0's weights (a script that forgot
         # broadcast_parameters still trains one model); the statistics it averages instead.
-        broadcast_at_first_step(self, lambda param: not is_statistic(param))
         self._trained = TrainedParams(self._params)
         self._statistic_params = running_statistics(self._trained)
+        averaged = {id(param) for param in self._statistic_params}
+        broadcast_at_first_step(self, lambda param: id(param) not in averaged)
         self._statistics = bool(self._statistic_params)
         self._float_statistics = all(np.issubdtype(np.dtype(p.dtype), np.floating)
                                      for p in self._statistic_params)
@@ -156,7 +160,8 @@ class DistributedTrainer(BucketedTrainer):
             if self._statistics:
                 average_running_stats(self._trained, dist, [count])
                 return round(float(count.asscalar()) * dist.num_workers)
-            return float(dist.sum_across_workers(SAMPLES_NAME, count).asscalar())
+            return float(dist.sum_across_workers(f"horovod_step.{count.size}",
+                                                 count).asscalar())
         return _sum_count_average_statistics(self._statistic_params, batch_size, dist)
 
     def check_replicas(self, where: str) -> Optional[object]:
@@ -186,7 +191,7 @@ def _sum_count_average_statistics(params, batch_size, dist) -> float:
         local = copies[0] if len(copies) == 1 else mx.nd.add_n(*copies) / len(copies)
         parts.append(local.reshape(-1))
     flat = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0].copy()
-    dist.sum_across_workers(SAMPLES_NAME + f".{flat.size}", flat)
+    dist.sum_across_workers(f"horovod_step.{flat.size}", flat)
     at = 1
     for param in params:
         size = int(np.prod(param.shape))

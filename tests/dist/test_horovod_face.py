@@ -137,14 +137,18 @@ def test_horovod_mxnet_is_not_one_process_at_the_global_batch(runs, reference):
 STALL = 8
 
 
-@pytest.mark.parametrize("how", ["hang", "die"])
+@pytest.mark.parametrize("how", ["hang", "die", "fault"])
 def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp_path):
-    """Rank 1 stops for ever (SIGSTOP) or exits at its third step: rank 0, waiting in the
+    """Rank 1 stops for ever (SIGSTOP) or exits at its third step, or fails inside the
+    step's own collective (store/sites.py's fault switch): rank 0, waiting in the
     exchange, ends itself with one line once nothing progressed for the timeout (a frozen
-    rank), or the launcher ends it (a dead one); the job never waits for ever."""
+    rank), or the launcher ends it; the job never waits for ever."""
     started = time.monotonic()
-    proc = _run(tmp_path, "hvdtrain.horovod", "epochs=50", f"{how}=1:3",
-                env={"HVDTRAIN_STALL_TIMEOUT": str(STALL)}, timeout=STALL + 90)
+    env = {"HVDTRAIN_STALL_TIMEOUT": str(STALL)}
+    if how == "fault":
+        env["HVDTRAIN_FAULT_AT"] = "horovod_step:1"
+    proc = _run(tmp_path, "hvdtrain.horovod", "epochs=50",
+                *([f"{how}=1:3"] if how != "fault" else []), env=env, timeout=STALL + 90)
     took = time.monotonic() - started
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert took < STALL + 60, took
@@ -154,7 +158,10 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
         for rank in (0, 1):
             mine = [line for line in lines if f"[rank {rank}] ERROR" in line]
             assert len(mine) == (1 if rank == 0 else len(mine[:1])), proc.stdout[-2000:]
-    assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
+    if how == "fault":  # the script's own uncaught error: its traceback, as under Horovod
+        assert "fault injected at horovod_step on rank 1" in proc.stdout, proc.stdout[-2000:]
+    else:
+        assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.parametrize("policy", ["resync", "strict"])
