@@ -18,6 +18,7 @@ from . import config as cfgmod
 from . import options as optmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
+from .store.agree import AgreedConfigError, AgreedError, FaultInjected
 from .loop.engine.guard import NonFiniteLoss
 from .loop.run.together import StoppedTogether
 from .eval_job import evaluate_only
@@ -134,6 +135,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             evaluate_only(cfg)
         else:
             train(cfg)
+    except (AgreedError, AgreedConfigError) as err:  # the same line on every rank
+        error_line(f"hvdtrain: error: {err}")
+        err.leave()
+        return err.status
     except ConfigError as err:
         error_line(f"hvdtrain: error: {err}")
         return EXIT_USAGE
@@ -145,6 +150,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             error_line(err.line)
         err.leave()
         return err.status
+    except FaultInjected as err:  # tests only (store/sites.py): one line, as any failure
+        error_line(f"hvdtrain: error: {err}")
+        return EXIT_FAILED
     except NonFiniteLoss as err:
         logger.error("%s", err)
         return EXIT_DIVERGED

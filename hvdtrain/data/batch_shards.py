@@ -10,7 +10,11 @@ batches are split whole, never re-cut. Every rank draws the same batches for an 
 - with numpy's global generator seeded by ``np.random.seed([seed, epoch])`` and Python's by
   ``random.seed(seed * 2**32 + epoch)`` (both put back as they were after the draw): the
   generators a batch sampler shuffles with (``FixedBucketSampler`` and Gluon's
-  ``RandomSampler`` call ``np.random.shuffle``).
+  ``RandomSampler`` call ``np.random.shuffle``);
+- with every generator of its own that the copy holds (a ``numpy.random.RandomState`` or
+  ``Generator``, a ``random.Random``, found among its attributes, its sampler's and so on)
+  seeded from (seed, epoch, its place): a copy of one made once would otherwise draw the
+  same order every epoch.
 
 The epoch's batches ``B[0], B[1], ...`` are then dealt out by rank: rank r takes
 ``B[r], B[r + N], ...``, so step k of N ranks trains on ``B[kN] .. B[kN + N - 1]``, whatever
@@ -52,6 +56,7 @@ def draw_batches(batch_sampler, seed: int, epoch: int, shared=()) -> List[List[i
             f"epoch's batches over the ranks and must know where it ends: give it a __len__ "
             f"and an end, or pass the Dataset itself (with batch_size)") from None
     fresh = _copy(batch_sampler, shared)
+    _reseed(fresh, seed, epoch, shared)
     numpy_state, python_state = np.random.get_state(), random.getstate()
     try:
         np.random.seed([seed, epoch])
@@ -82,6 +87,38 @@ def _copy(batch_sampler, shared):
             f"copied ({err}): hvdtrain draws each epoch from a fresh copy, so that the "
             f"epoch's batches depend on (seed, epoch) alone: pass one that copy.deepcopy "
             f"can copy") from None
+
+
+def _reseed(root, seed: int, epoch: int, shared, depth: int = 6) -> None:
+    """Seed each generator `root` holds of its own from (`seed`, `epoch`, its place in a
+    walk of the attributes, in their order: the same on every rank)."""
+    seen, found = {id(s) for s in shared}, [0]
+
+    def walk(obj, left):
+        if id(obj) in seen or left < 0:
+            return
+        seen.add(id(obj))
+        entropy = [seed % 2 ** 32, seed // 2 ** 32 % 2 ** 32, epoch, 1 + found[0]]
+        if isinstance(obj, np.random.RandomState):
+            found[0] += 1
+            obj.seed(np.random.SeedSequence(entropy).generate_state(4))
+        elif isinstance(obj, np.random.Generator):
+            found[0] += 1
+            bits = obj.bit_generator
+            bits.state = type(bits)(np.random.SeedSequence(entropy)).state
+        elif isinstance(obj, random.Random):
+            found[0] += 1
+            obj.seed(int(np.random.SeedSequence(entropy).generate_state(2, np.uint64)[0]))
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value, left - 1)
+        elif isinstance(obj, (list, tuple)):
+            if len(obj) < 64:  # a sampler's attributes, not its indices
+                for value in obj:
+                    walk(value, left - 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, np.ndarray)):
+            walk(vars(obj), left - 1)
+    walk(root, depth)
 
 
 def _indices(batch, name: str) -> List[int]:
@@ -218,8 +255,8 @@ def check_same_draw(split: BatchSplit, dist) -> None:
     if dist.num_workers == 1:
         return
     halves = (split.digest >> 16, split.digest & 0xFFFF)
-    sums = dist.sum_across_workers("batch_sampler_draw", mx.nd.array(
-        [v for h in halves for v in (h, h * h)], dtype="float64")).asnumpy().tolist()
+    sums = dist.agree("batch_sampler_draw", payload=[
+        v for h in halves for v in (h, h * h)]).tolist()
     if any(dist.num_workers * sums[i + 1] != sums[i] ** 2 for i in (0, 2)):
         raise DatasetError(
             "the DataLoader's batch sampler drew other batches on other ranks, seeded alike: "

@@ -111,30 +111,24 @@ class CheckpointHandler(mx_handlers.CheckpointHandler):
             # Alone, or dist_async workers that never meet: MXNet's own.
             super()._resume_from_checkpoint(estimator)
             return
-        line, epoch, batch, files = None, -1, -1, (b"", b"")
+        reason, epoch, batch, files = None, -1, -1, (b"", b"")
         if dist.is_root:
             try:
                 epoch, batch, files = self._newest_checkpoint()
             except (OSError, ValueError) as err:
-                line = f"CheckpointHandler(resume_from_checkpoint=True): {err}"
-        head = mx.nd.array(np.array([line is not None, epoch, batch, len(files[0]),
-                                     len(files[1])], np.float64), dtype="float64")
-        if not dist.is_root:
-            head[:] = 0
-        failed, epoch, batch, params_size, states_size = (
-            int(v) for v in dist.sum_across_workers("checkpoint_handler.resume",
-                                                     head).asnumpy())
-        if failed:
-            raise ConfigError(line or "CheckpointHandler(resume_from_checkpoint=True): rank 0 "
-                                      "could not read its checkpoint (its own line says why)")
+                reason = ConfigError(f"CheckpointHandler(resume_from_checkpoint=True): {err}")
+        head = [epoch, batch, len(files[0]), len(files[1])] if dist.is_root else [0] * 4
+        # Rank 0's reason, if it could not read, is every rank's one line.
+        epoch, batch, params_size, states_size = (
+            int(v) for v in dist.agree("checkpoint_handler.resume", reason, head))
         self.trained_epoch, self.trained_batch = epoch, batch
         if epoch == -1:
             estimator.logger.info("CheckpointHandler: No checkpoint found, training from "
                                   "scratch for %s", _length(estimator))
             return
         message = self._lower_length(estimator)
-        params = _broadcast_bytes(dist, files[0], params_size, "checkpoint_handler.params")
-        states = _broadcast_bytes(dist, files[1], states_size, "checkpoint_handler.states")
+        params = _broadcast_bytes(dist, files[0], params_size, "checkpoint_handler.files.params")
+        states = _broadcast_bytes(dist, files[1], states_size, "checkpoint_handler.files.states")
         _load_parameters(estimator.net, params, estimator.context)
         set_optimizer_states(estimator.trainer, states)
         mx.nd.waitall()
@@ -244,10 +238,13 @@ def _length(estimator) -> str:
 
 
 def _remove(model_dir, prefix, logger) -> None:
-    """Rank 0 removes a checkpoint past ``max_checkpoints``; one it cannot remove is named
-    in a warning (raising here would end rank 0 alone)."""
-    for name in os.listdir(model_dir):
-        if name.startswith(prefix):
+    """Rank 0 removes a checkpoint past ``max_checkpoints``: the files of `prefix` that
+    :meth:`CheckpointHandler._save_params_and_trainer` wrote, by their whole names (MXNet's
+    own removal matches the prefix: ``epoch0batch1`` would take ``epoch0batch10`` to
+    ``19`` with it). One it cannot remove is named in a warning (raising here would end
+    rank 0 alone)."""
+    for name in (prefix + ".params", prefix + ".states"):
+        if os.path.exists(os.path.join(model_dir, name)):
             try:
                 os.remove(os.path.join(model_dir, name))
             except OSError as err:
@@ -263,8 +260,7 @@ def _broadcast_bytes(dist, blob: bytes, size: int, name: str) -> bytes:
     words = np.zeros(-(-size // 4), np.float64)
     if dist.is_root:
         words[:] = np.frombuffer(blob.ljust(words.size * 4, b"\0"), "<u4")
-    # A parameter server keeps one size for each name: the size is part of it.
-    summed = dist.sum_across_workers(f"{name}.{size}", mx.nd.array(words, dtype="float64"))
+    summed = dist.sum_across_workers(name, mx.nd.array(words, dtype="float64"))
     return summed.asnumpy().astype("<u4").tobytes()[:size]
 
 

@@ -51,7 +51,9 @@ def keyword_errors(method):
             setup = getattr(self, "setup", None)
             if setup is not None and setup.command:
                 raise
-            raise type(err)(in_keywords(str(err))) from None
+            reworded = type(err)(in_keywords(str(err)))
+            reworded.__dict__.update(err.__dict__)  # an agreed error's ranks and store
+            raise reworded from None
     return wrapped
 
 

@@ -111,8 +111,11 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.policy.check_devices(self.context)
         check_store_for_devices(self.config.kvstore, self.dist, self.context)
         # Each metric's state checked (refused in one line if the ranks cannot reduce it).
-        self.train_book = MetricBook(self.train_metrics, "training_metrics", TRAIN_FIELDS)
-        self.val_book = MetricBook(self.val_metrics, "validation_metrics", VAL_FIELDS)
+        strided = self.config.sampling == "strided"  # records kept in sample order
+        self.train_book = MetricBook(self.train_metrics, "training_metrics", TRAIN_FIELDS,
+                                     strided)
+        self.val_book = MetricBook(self.val_metrics, "validation_metrics", VAL_FIELDS,
+                                   strided)
         self.trainer = distributed_trainer(self.trainer, self.net, self.config, self.dist,
                                            self.policy.amp)
         if self.policy.amp:
@@ -450,19 +453,23 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         may hold different weights (each initialised its own; no start-up broadcast ran),
         so they are compared as at an epoch's end (shapes Gluon defers settled first by one
         validation batch); what differs is rank 0's from then on, as ``replica_check``
-        says (docs/estimator.md)."""
-        if any(shape_deferred(p) for p in self.net.collect_params().values()):
-            feed.sampler.set_epoch(self.state.epoch)
-            batch = next((b for b in feed if self.processor.batch_samples(b, batch_axis)),
-                         None)
-            # Every rank runs the pass (a rank with no sample in its shard would not know
-            # the shapes): a shard of nothing scores nothing, and says so below.
-            if batch is not None:
-                self.processor.evaluate_batch(self, batch, batch_axis)
-            elif any(shape_deferred(p) for p in self.net.collect_params().values()):
-                raise ConfigError("evaluate(): this rank's share of the data holds no usable "
-                                  "sample, and the net's shapes are not known yet: run one "
-                                  "batch through the net (or load its parameters) first")
+        says (docs/estimator.md). A rank that cannot settle them says why to every rank
+        (the replica check is a collective: refusing alone, it would leave the others
+        there)."""
+        with self.dist.agreement("evaluate_usable"):
+            if any(shape_deferred(p) for p in self.net.collect_params().values()):
+                feed.sampler.set_epoch(self.state.epoch)
+                batch = next((b for b in feed if self.processor.batch_samples(
+                    b, batch_axis)), None)
+                # Every rank runs the pass (a rank with no sample in its shard would not
+                # know the shapes): a shard of nothing scores nothing, and says so below.
+                if batch is not None:
+                    self.processor.evaluate_batch(self, batch, batch_axis)
+                elif any(shape_deferred(p) for p in self.net.collect_params().values()):
+                    raise ConfigError("evaluate(): this rank's share of the data holds no "
+                                      "usable sample, and the net's shapes are not known yet: "
+                                      "run one batch through the net (or load its "
+                                      "parameters) first")
         ReplicaCheck(self.net, self.trainer, self.dist, self.config.replica_check).verify(
             "evaluate() before scoring")
 
@@ -476,7 +483,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         metrics = [copy.deepcopy(m) for m in self.val_metrics]
         for metric in metrics:
             metric.name = "ema " + metric.name
-        book = MetricBook(metrics, "average_validation_metrics", VAL_FIELDS)
+        book = MetricBook(metrics, "average_validation_metrics", VAL_FIELDS,
+                          self.config.sampling == "strided")
         book.reset()
         feed.sampler.set_epoch(self.state.epoch)
         epoch, watchdog = self.state.epoch, self._watchdog

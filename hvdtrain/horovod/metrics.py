@@ -13,7 +13,7 @@ from ..loop.engine.metrics import MetricBook
 from . import session as sessions
 
 
-def allreduce_metric(metric, name="metric"):
+def allreduce_metric(metric, name="metric", strided=False):
     """Reduce `metric` over the ranks, in place, and return ``metric.get()``.
 
     Every rank calls it at the same point with the same kind of metric (at the end of a
@@ -28,8 +28,15 @@ def allreduce_metric(metric, name="metric"):
         The metric, updated by this rank with its own batches.
     name : str
         Names the collectives: the same on every rank.
+    strided : bool
+        How the script split its samples, for records kept in sample order (detections):
+        each rank a block of its own (False, as GluonCV's ``SplitSampler``), or rank r the
+        samples ``r, r + N, ...`` (True). Records are noted with their sample from the
+        metric's first reduction on: for ``strided=True`` reduce the fresh metric once
+        before its first update (without notes the records keep rank order).
     """
     session = sessions.current()
     with session.calling("allreduce_metric"):
-        MetricBook([metric], name=f"hvdtrain.horovod.{name}").reduce(session.dist)
+        MetricBook([metric], name=f"hvdtrain.horovod.{name}",
+                   strided=strided).reduce(session.dist)
     return metric.get()

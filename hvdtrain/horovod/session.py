@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -55,6 +56,7 @@ class Session:
     replica_every: int
     trainers: List = field(default_factory=list)  # DistributedTrainers, checked at exit
     closed: bool = False
+    failed: bool = False  # the script raised an uncaught error
 
     def calling(self, what: str):
         """A context for one of hvdtrain's own collectives: the watchdog watches it (the
@@ -68,12 +70,20 @@ class Session:
             return
         self.closed = True
         try:
-            for trainer in self.trainers:
+            # After an uncaught error the peers may be anywhere: no collective of ours.
+            for trainer in [] if self.failed else self.trainers:
                 with self.calling("the replica check at exit"):
                     trainer.check_replicas("exit")
         finally:
             self.watchdog.busy_phase = None
-            self.watchdog.stop(finish_pulse=True)
+            self.watchdog.stop(finish_pulse=not self.failed)
+
+    def note_failure(self, previous):
+        """An ``excepthook`` that notes an uncaught error, then hands it to `previous`."""
+        def hook(*exc_info):
+            self.failed = True
+            previous(*exc_info)
+        return hook
 
 
 class _Calling:
@@ -138,6 +148,7 @@ def start(comm=None, process_sets=None, environ=os.environ) -> Session:
     _SESSION[0] = session
     # Registered after Horovod's own shutdown: runs before it.
     atexit.register(session.close)
+    sys.excepthook = session.note_failure(sys.excepthook)
     return session
 
 

@@ -198,9 +198,12 @@ class Watchdog:
         """Fire if no progress has come from anywhere for the timeout; return whether it
         fired. While this rank is busy it never fires, and warns every `timeout` seconds."""
         now = self._clock()
-        if self.busy_phase == SCRIPT_WORK and self.pulse is not None:
+        if self.busy_phase == SCRIPT_WORK:
             # No warnings: a script's validation is not a stall. Only a pulse gone quiet
-            # for the timeout (a peer frozen or dead) ends the rank.
+            # for the timeout (a peer frozen or dead) ends the rank; alone, nothing does.
+            self._last_progress = now
+            if self.pulse is None:
+                return False
             heard = self._heard[1] if self._heard[1] is not None else self._last_beat
             if now - heard < self.timeout:
                 return False

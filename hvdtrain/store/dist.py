@@ -9,7 +9,9 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
+from . import agree as agree_mod
 from . import gpus as gpu_info
+from .sites import FAULT_ENV
 from ..config import ConfigError
 from ..report.log import info_on_every_rank
 
@@ -49,7 +51,7 @@ class DistContext:
     num_workers: int = 1
     local_size: int = 1
     store: object = None
-    _named_keys: Dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    _named_keys: Dict[tuple, int] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_store(cls, store, environ=os.environ) -> "DistContext":
@@ -86,10 +88,15 @@ class DistContext:
             return values
         if not self.synchronous:
             raise RuntimeError("dist_async workers cannot reduce values with the store")
+        if FAULT_ENV in os.environ:  # the fault test's switch (store/sites.py)
+            agree_mod.fault_named(name, self.rank)
         if isinstance(self.store, mx.kvstore.KVStore):
-            key = self._named_keys.get(name)
+            # A parameter server keeps one shape per key: the shape picks the key here, so
+            # that a caller's name never carries a size (which may be a rank's own).
+            named = (name, tuple(values.shape))
+            key = self._named_keys.get(named)
             if key is None:
-                key = self._named_keys[name] = NAMED_KEY_BASE + len(self._named_keys)
+                key = self._named_keys[named] = NAMED_KEY_BASE + len(self._named_keys)
                 self.store.init(key, mx.nd.zeros(values.shape, dtype=values.dtype))
             self.store.pushpull(key, values, out=values)
         elif hasattr(self.store, "sum_exact"):
@@ -97,6 +104,15 @@ class DistContext:
         else:
             self.store.pushpull(name, values)
         return values
+
+    def agree(self, site: str, reason=None, payload=None, key: str = ""):
+        """Every rank's verdict at `site` in one collective: the payloads summed, or the
+        same error on every rank where any had a `reason` (:func:`.agree.agree`)."""
+        return agree_mod.agree(self, site, reason, payload, key)
+
+    def agreement(self, site: str, size: int = 0, key: str = ""):
+        """:class:`.agree.Agreement`: an exception in its block is this rank's reason."""
+        return agree_mod.Agreement(self, site, size, key)
 
 
 def select_devices(local_rank: int, no_cuda: bool = False,

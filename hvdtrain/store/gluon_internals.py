@@ -11,7 +11,7 @@ save (:func:`host_arrays`, :func:`optimizer_states_later`), nor to say where the
 files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advice offline),
 nor to give every rank AMP's loss scale for an update whether or not it ran a backward pass
 (:func:`set_loss_scale`), nor to tell a running statistic from a frozen weight
-(:func:`is_statistic`), nor to take back MKL-DNN's own layout of a weight
+(:func:`statistics_of`), nor to take back MKL-DNN's own layout of a weight
 (:func:`to_default_layout`).
 All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
 stay correct whatever the user does to parameters), so the private calls live here, behind a
@@ -300,12 +300,29 @@ def sparse_gradient(param) -> bool:
     return param._grad_stype != "default"  # pylint: disable=protected-access
 
 
-def is_statistic(param) -> bool:
-    """Whether `param` is an array no gradient can ever reach, which each replica moves on
-    its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's
-    ``differentiable=False``, kept private. A parameter merely frozen (``grad_req='null'``)
-    is not one."""
-    return not param._differentiable  # pylint: disable=protected-access
+def statistics_of(net) -> set:
+    """The ids of `net`'s parameters no gradient can ever reach, which each replica moves
+    on its own (BatchNorm's running statistics; a gamma or beta it does not learn): Gluon's
+    ``differentiable=False``, kept private, and the auxiliary states of every ``SymbolBlock`` inside it
+    (BatchNorm's moving mean and variance brought in as a symbol, as GluonCV's SSD
+    ``FeatureExpander`` does), which Gluon creates ``grad_req='null'`` but differentiable:
+    no gradient reaches them, and the forward pass in training moves them. A parameter
+    merely frozen (``grad_req='null'``, not an auxiliary state) is not one."""
+    found = {id(p) for p in net.collect_params().values()
+             if not p._differentiable}  # pylint: disable=protected-access
+    stack, seen = [net], set()
+    while stack:
+        block = stack.pop()
+        if id(block) in seen:
+            continue
+        seen.add(id(block))
+        graph = getattr(block, "_cached_graph", None)
+        if isinstance(block, mx.gluon.SymbolBlock) and graph:
+            aux = set(graph[1].list_auxiliary_states())
+            found.update(id(p) for p in block._params.values()  # pylint: disable=protected-access
+                         if p.name in aux)
+        stack.extend(block._children.values())  # pylint: disable=protected-access
+    return found
 
 
 def params_by_place(net) -> dict:
@@ -427,6 +444,14 @@ def skip_first_step_broadcast(trainer) -> None:
     if not trainer._kv_initialized:
         trainer._init_kvstore()  # creates the store's bindings; no collective
     trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
+
+
+def broadcast_at_first_step(trainer, keep) -> None:
+    """Let `trainer`'s first step broadcast only the parameters ``keep(param)`` accepts
+    (``gluon.Trainer`` broadcasts every parameter through its store then): for arrays made
+    equal across ranks otherwise, such as running statistics averaged at that step."""
+    trainer._params_to_init = [p for p in trainer._params_to_init  # pylint: disable=protected-access
+                               if keep(p)]
 
 
 def model_store_url(file_name: str) -> str:

@@ -59,6 +59,8 @@ from .shard_checkpoint import check_shapes, gather_whole, sliced
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards, shard_bounds
 from .shard_state import WholeStateRefused, state_bytes
+from ..state.writes import OutputError, atomic_write
+from .dist import DistContext
 
 # Optimizers whose update of an element reads only that element (its weight, gradient and
 # state) and per-parameter scalars (rate, decay, update count): exact on any slice. LAMB
@@ -294,12 +296,15 @@ class ShardedTrainer(BucketedTrainer):
         # Gluon skips a parameter whose gradient is stale on this rank (ignore_stale_grad);
         # here every rank updates slices of every parameter with the sum of every rank's
         # gradients, so no rank can skip one alone: refused instead.
+        # The verdict is every rank's (one small collective): a stale rank refusing alone
+        # would leave the others in the exchange until the stall timeout.
+        stale = None
         for param in self._params:
             if param.grad_req == "null":
                 continue
             for data in param.list_data():
-                if not data._fresh_grad:  # pylint: disable=protected-access
-                    raise UserWarning(
+                if not data._fresh_grad and stale is None:  # pylint: disable=protected-access
+                    stale = UserWarning(
                         f"Gradient of Parameter `{param.name}` on context {data.context} has "
                         f"not been updated by backward since last `step`; with "
                         f"shard_optimizer no rank can skip a parameter alone "
@@ -307,6 +312,7 @@ class ShardedTrainer(BucketedTrainer):
                         f"step (grad_req='null' for those that take none), or drop "
                         f"shard_optimizer")
                 data._fresh_grad = False  # pylint: disable=protected-access
+        DistContext.from_store(self._kvstore).agree("shard_stale", stale)
         self._settle()
         self._resting = None  # from here on only a gather knows the whole state
         self.shard_updater.optimizer = self._optimizer
@@ -512,10 +518,22 @@ class ShardedTrainer(BucketedTrainer):
 
     def save_states(self, fname):
         """``Trainer.save_states``, on every rank (it gathers: a collective): the whole
-        state, in an unsharded run's format."""
+        state, in an unsharded run's format, written by rank 0 alone (atomically: a reader
+        sees the old file or the new one); a failed write stops every rank alike.
+
+        Horovod's idiom ``if hvd.rank() == 0: trainer.save_states(f)`` cannot work here:
+        rank 0 waits at the gather for slices the others never send, until Horovod's stall
+        check (its warning after 60 s) and the watchdog's stall timeout end the job
+        (docs/shard-optimizer.md). Call it on every rank."""
         states = self.whole_states_later()()
-        with open(fname, "wb") as out:
-            out.write(states)
+        store = self._kvstore
+        failed = None
+        if store is None or store.rank == 0:
+            try:
+                atomic_write(fname, lambda tmp: _write_bytes(tmp, states))
+            except OutputError as err:
+                failed = err
+        DistContext.from_store(store).agree("shard_save", failed)
 
     def load_states(self, fname):
         """``Trainer.load_states``, on every rank: this rank's slices of the whole state in
@@ -550,3 +568,8 @@ class ShardedTrainer(BucketedTrainer):
         self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
         self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
         self._loaded = None
+
+
+def _write_bytes(path: str, blob: bytes) -> None:
+    with open(path, "wb") as out:
+        out.write(blob)

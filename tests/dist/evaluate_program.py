@@ -2,7 +2,9 @@
 rank initialised its net from its own seed; Gluon defers the shapes to the first batch), as
 a program that loads or builds a model and scores it would.
 
-Usage: python evaluate_program.py OUT_DIR [replica_check=...] (under a launcher)
+Usage: python evaluate_program.py OUT_DIR [replica_check=...] [val=N] (under a launcher)
+
+An error is one line, ``evaluate_program.py: error: ...``, and exit status 2 (bad input) or 1.
 
 Writes OUT_DIR/rank<R>.npz (every array after evaluate()) and OUT_DIR/rank<R>.json (the
 RMSE and validation count this rank reports).
@@ -25,13 +27,23 @@ VAL, BATCH = 37, 8
 
 
 def main():
+    try:
+        run()
+    except (ValueError, RuntimeError) as err:
+        print(f"evaluate_program.py: error: {err}", flush=True)
+        getattr(err, "leave", lambda: None)()
+        os._exit(getattr(err, "status", 1))  # pylint: disable=protected-access
+
+
+def run():
     out = sys.argv[1]
     options = dict(a.split("=", 1) for a in sys.argv[2:])
+    samples = int(options.pop("val", VAL))
     net = regression.make_net()
     estimator = Estimator(net, gluon.loss.L2Loss(), val_metrics=[mx.metric.RMSE()], **options)
     mx.random.seed(100 + estimator.rank)  # each rank its own weights
     net.initialize(mx.init.Xavier())
-    val = gluon.data.ArrayDataset(*regression.make_data(VAL, 2))
+    val = gluon.data.ArrayDataset(*regression.make_data(samples, 2))
     estimator.evaluate(gluon.data.DataLoader(val, batch_size=BATCH))
     arrays = {name: p.data().asnumpy()
               for name, p in net._collect_params_with_prefix().items()}  # pylint: disable=protected-access

@@ -8,7 +8,8 @@ initialised deferred and sent by ``hvd.broadcast_parameters``, ``hvd.Distributed
 each rank its contiguous half of every global batch (the last global batch uneven, split
 unevenly), ``trainer.step(batch_size)``, a validation pass after each epoch and a per-rank
 export of every array after it (OUT_DIR/rank<R>-epoch<E>.npz). Options: ``epochs`` (2),
-``hang`` / ``die`` (``rank:step``: that rank stops for ever / exits at that step),
+``hang`` / ``die`` / ``nudge`` (``rank:step``: that rank stops for ever / exits / moves a
+weight of its own after that step),
 ``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``).
 
 Writes OUT_DIR/rank<R>.json: the validation accuracy each epoch, the steps taken.
@@ -70,6 +71,7 @@ def main(out_dir, module, options):
     val_images, val_labels = data(VAL, 2)
     hang = options.get("hang", "").split(":")
     die = options.get("die", "").split(":")
+    nudge = options.get("nudge", "").split(":")
     record, step = {"rank": rank, "val_acc": []}, 0
     for epoch in range(int(options.get("epochs", 2))):
         for start, stop in global_batches(SAMPLES, BATCH):
@@ -84,11 +86,14 @@ def main(out_dir, module, options):
                 loss = loss_fn(net(x), y)
             loss.backward()
             trainer.step(hi - lo)
+            if nudge[0] == str(rank) and nudge[1] == str(step):  # one rank's weight moved
+                first = next(iter(params.values()))
+                first.set_data(first.data() + 1e-3)
         metric = mx.metric.Accuracy()
         half = VAL // ranks
         for at in range(rank * half, (rank + 1) * half, BATCH):
-            x = mx.nd.array(val_images[at:at + BATCH])
-            metric.update([mx.nd.array(val_labels[at:at + BATCH])], [net(x)])
+            end = min(at + BATCH, (rank + 1) * half)
+            metric.update([mx.nd.array(val_labels[at:end])], [net(mx.nd.array(val_images[at:end]))])
         if options.get("metric") == "1":
             record["val_acc"].append(hvd.allreduce_metric(metric)[1])
         else:

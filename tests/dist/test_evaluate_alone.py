@@ -55,3 +55,18 @@ def test_evaluate_alone_under_strict_stops_every_rank_with_one_line(tmp_path):
     lines = [l for l in proc.stdout.splitlines() if "error: replicas differ at evaluate()" in l]
     assert len(lines) == 2, proc.stdout[-3000:]
     assert not (tmp_path / "rank0.json").exists()
+
+
+def test_evaluate_alone_on_a_rank_with_no_usable_sample_stops_every_rank_alike(tmp_path):
+    """One validation sample at 2 ranks: rank 1's shard is empty and the net's shapes are
+    still deferred, so rank 1 cannot settle them. Every rank stops with the same line and
+    status 2 (issue 63, finding 5); before, rank 1 refused alone and rank 0 waited in the
+    replica check's collective until the launcher's timeout."""
+    proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path),
+                                               "val=1"], timeout=90)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    lines = [l.split(":", 1)[1] for l in proc.stdout.splitlines()
+             if "evaluate_program.py: error:" in l]
+    assert len(lines) == 2 and len(set(lines)) == 1, proc.stdout[-3000:]
+    assert "this rank's share of the data holds no usable sample" in lines[0]
+    assert "(rank 1; every rank stopped at evaluate_usable)" in lines[0]

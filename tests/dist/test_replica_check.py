@@ -122,3 +122,16 @@ def test_under_strict_a_difference_stops_every_rank_with_one_line(tmp_path):
     assert len(found) == 1 and found[0]["action"] == "strict"
     assert not (out / "outputs" / "model.params").exists()
     assert not (out / "rank0.npz").exists()  # fit did not return
+
+
+def test_arrays_of_another_size_on_one_rank_stop_every_rank_with_one_line(tmp_path):
+    """Rank 1's Dense has one more unit than rank 0's: the digests differ, and so do the
+    sizes. Every rank stops with the same line (issue 63, finding 6); before, each rank
+    named the collective of rank 0's values by its own size, and the job hung."""
+    program = os.path.join(HERE, "replica_sizes_program.py")
+    proc = run_command(launcher("ranks", 2) + [sys.executable, program], timeout=90)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    lines = [l.split(":", 1)[1] for l in proc.stdout.splitlines() if "error: replicas" in l]
+    assert len(lines) == 2 and len(set(lines)) == 1, proc.stdout[-3000:]
+    assert ("replicas differ in size at the test's check: 2 array(s) (bias, weight) on "
+            "rank 1" in lines[0]), lines

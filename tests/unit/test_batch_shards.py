@@ -201,3 +201,35 @@ def test_a_batch_sampler_that_cannot_be_split_is_refused_in_one_line(batch_sampl
     with pytest.raises(DatasetError) as refused:
         ShardedLoader(loader, 2, 0, train=True)
     assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+class OwnShuffle(gluon.data.Sampler):
+    """A sampler with a generator of its own, as a user writes one."""
+
+    def __init__(self, length, seed):
+        self._length, self._rng = length, np.random.RandomState(seed)
+
+    def __iter__(self):
+        return iter(self._rng.permutation(self._length).tolist())
+
+    def __len__(self):
+        return self._length
+
+
+def test_a_sampler_with_its_own_generator_draws_another_order_each_epoch():
+    """Each epoch is drawn from a copy of the sampler as given: its own RandomState is
+    seeded from (seed, epoch), so epochs differ (before: the copy's generator drew the
+    first epoch's order every epoch; issue 63, finding 9), and an epoch drawn again (a
+    resume, another rank whose sampler was seeded otherwise) is the same."""
+    def split(sampler_seed):
+        sampler = gluon.data.BatchSampler(OwnShuffle(40, sampler_seed), 8)
+        return BatchSplit(sampler, 40, seed=11)
+    first, again = split(0), split(99)
+    orders = []
+    for epoch in range(3):
+        first.set_epoch(epoch)
+        again.set_epoch(epoch)
+        orders.append(first.batches())
+        assert first.batches() == again.batches()
+        assert sorted(i for b in orders[-1] for i in b) == list(range(40))
+    assert orders[0] != orders[1] != orders[2] != orders[0]

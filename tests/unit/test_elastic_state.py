@@ -199,3 +199,32 @@ def test_a_store_that_registers_keys_is_refused():
                             kvstore=mx.kv.create("local"), update_on_kvstore=False)
     with pytest.raises(ValueError, match="Horovod store"):
         one_process(net, trainer)
+
+
+def test_a_commit_that_fails_inside_its_gather_leaves_the_last_commit_whole(monkeypatch):
+    """A peer lost inside a commit's gather of the optimizer state (a sharded trainer's: a
+    collective) leaves the previous commit whole: a restore gives the weights, optimizer
+    state and position of that commit together, never this step's weights beside the last
+    commit's optimizer state (issue 63, finding 1)."""
+    from hvdtrain.loop.elastic import state as state_mod
+    net, trainer = build()
+    train(net, trainer, range(2))
+    kept = one_process(net, trainer, position=TrainState(epoch=0, step=2))
+    committed = arrays(net)
+    train(net, trainer, range(2, 4))
+    kept.position = TrainState(epoch=0, step=4)
+
+    def lost_peer(*args, **kwargs):
+        raise RuntimeError("Horovod has been shut down")
+    monkeypatch.setattr(state_mod, "optimizer_states", lost_peer)
+    with pytest.raises(RuntimeError):
+        kept.commit()
+    monkeypatch.undo()
+    kept.restore()
+    assert_same(arrays(net), committed)
+    assert kept.position.step == 2
+    reference, ref_trainer = build()
+    train(reference, ref_trainer, range(2))
+    train(reference, ref_trainer, range(4, 5))
+    train(net, trainer, range(4, 5))
+    assert_same(arrays(net), arrays(reference))

@@ -74,3 +74,42 @@ def test_equal_statistics_come_back_bit_for_bit():
     average_running_stats(net, DistContext())
     for copy in stats[0].list_data():
         assert (copy.asnumpy() == values).all()
+
+
+def symbol_bn_net():
+    """A SymbolBlock holding a BatchNorm brought in as a symbol (as GluonCV's SSD
+    FeatureExpander builds its extra layers), inside a HybridSequential with a frozen Dense:
+    Gluon makes its moving mean and variance grad_req='null' but differentiable."""
+    data = mx.sym.var("data")
+    body = mx.sym.BatchNorm(mx.sym.Convolution(data, num_filter=3, kernel=(3, 3),
+                                               name="expand_conv0"), name="expand_bn0")
+    block = mx.gluon.SymbolBlock(body, [data])
+    net = mx.gluon.nn.HybridSequential()
+    frozen = mx.gluon.nn.Dense(4)
+    net.add(block, frozen)
+    net.initialize(ctx=DEVICES)
+    frozen.collect_params().setattr("grad_req", "null")
+    return net
+
+
+def test_a_symbolblocks_batchnorm_statistics_are_averaged_as_batchnorms_are():
+    """Every device moves the SymbolBlock's BatchNorm statistics on its own batch; they
+    become the mean of the copies, as a BatchNorm block's do (issue 63, finding 7: they were
+    never averaged, and the replica check then found them different every epoch). A frozen
+    weight is not a statistic."""
+    net = symbol_bn_net()
+    stats = running_statistics(net)
+    assert sorted(p.name for p in stats) == ["expand_bn0_moving_mean", "expand_bn0_moving_var"]
+    rng = np.random.default_rng(1)
+    for index, device in enumerate(DEVICES):
+        with autograd.record():
+            out = net(mx.nd.array(rng.normal(index, 1 + index, (4, 1, 6, 6)), ctx=device))
+        out.backward()
+    before = {p.name: [c.asnumpy() for c in p.list_data()] for p in stats}
+    assert not np.allclose(before["expand_bn0_moving_mean"][0],
+                           before["expand_bn0_moving_mean"][2])
+    assert average_running_stats(net, DistContext()) == 2
+    for param in stats:
+        expected = np.mean(before[param.name], axis=0)
+        for copy in param.list_data():
+            np.testing.assert_allclose(copy.asnumpy(), expected, rtol=1e-6, err_msg=param.name)

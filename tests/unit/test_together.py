@@ -19,8 +19,10 @@ class PeerStore:
 
     def sum_exact(self, name, values):
         self.calls.append(name)
-        if name == "outputs_written":
-            values += mx.nd.array(self.peer_flags)
+        if name == "agree.outputs_written":  # the primitive's: verdicts, then the flags
+            peer = values.asnumpy() * 0
+            peer[-len(self.peer_flags):] = self.peer_flags
+            values += mx.nd.array(peer, dtype=values.dtype)
 
     def shutdown(self):
         self.calls.append("shutdown")
@@ -37,9 +39,9 @@ def test_the_other_ranks_learn_that_rank_0_failed_and_say_so_in_one_line():
         write_together(dist, lambda: None, "step 24")
     assert stop.value.line == ("hvdtrain: error: rank 0 could not write its outputs (its own "
                                "line says why); every rank stopped at step 24")
-    assert store.calls == ["outputs_written"]
+    assert store.calls == ["agree.outputs_written"]
     stop.value.leave()  # after the line: one last collective, then an orderly shutdown
-    assert store.calls == ["outputs_written", "leave", "shutdown"]
+    assert store.calls == ["agree.outputs_written", "leave", "shutdown"]
 
 
 def test_the_rank_that_failed_says_why_and_everyone_continues_when_no_one_failed():

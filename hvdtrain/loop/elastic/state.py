@@ -166,16 +166,20 @@ class GluonState(ObjectState):
     # --- the MXNet side ---------------------------------------------------------------------
 
     def _save_model(self, alone: bool = False):
+        # Everything into locals first, then assigned together: a peer lost inside the
+        # gather below leaves the previous commit whole (never this step's weights beside
+        # the last commit's optimizer state, position and EMA).
         # asnumpy() waits for the engine: the copy is of finished values, never of arrays
         # that an update still writes.
-        self._saved_arrays = {name: p.data().asnumpy()
-                              for name, p in params_by_place(self.net).items()}
+        arrays = {name: p.data().asnumpy() for name, p in params_by_place(self.net).items()}
         # A sharded trainer's is gathered from every rank's slices (a collective: a commit
         # is one every rank makes), or known without one (`alone`, store/sharded.py).
-        self._saved_optimizer = optimizer_states(self.trainer, alone=alone)
-        self._saved_loss_scale = loss_scale_state(self.trainer)
-        self._saved_position = dataclasses.replace(self.position)
-        self._saved_ema = self.ema.state() if self.ema is not None else {}
+        optimizer = optimizer_states(self.trainer, alone=alone)
+        loss_scale = loss_scale_state(self.trainer)
+        position = dataclasses.replace(self.position)
+        ema = self.ema.state() if self.ema is not None else {}
+        (self._saved_arrays, self._saved_optimizer, self._saved_loss_scale,
+         self._saved_position, self._saved_ema) = arrays, optimizer, loss_scale, position, ema
 
     def _load_model(self, arrays, optimizer, loss_scale, position, ema):
         params = params_by_place(self.net)

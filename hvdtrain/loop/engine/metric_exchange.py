@@ -20,8 +20,8 @@ def gather_bytes(dist: DistContext, name: str, mine: bytes, lengths: List[int]) 
     rank = dist.rank
     padded = mine + b"\0" * (4 * words[rank] - len(mine))
     buffer[starts[rank]:starts[rank + 1]] = np.frombuffer(padded, "<u4")
-    if buffer.size:  # one name a size: a parameter server keeps one size for each name
-        buffer = dist.sum_across_workers(f"{name}_gathered_{buffer.size}", mx.nd.array(
+    if buffer.size:  # the lengths are every rank's alike: so is the size
+        buffer = dist.sum_across_workers(f"metric_records.{name}", mx.nd.array(
             buffer, dtype="float64")).asnumpy()
     return [buffer[starts[r]:starts[r + 1]].astype("<u4").tobytes()[:lengths[r]]
             for r in range(dist.num_workers)]

@@ -24,16 +24,17 @@ import mxnet as mx
 import numpy as np
 
 from ...store.dist import DistContext
-from ...store.gluon_internals import is_statistic
+from ...store.gluon_internals import statistics_of
 
 COLLECTIVE_NAME = "running_stats"
 
 
 def running_statistics(net) -> List:
-    """The parameters of `net` that each replica moves on its own (non-differentiable), in a
+    """The parameters of `net` that each replica moves on its own (non-differentiable, or
+    a graph's auxiliary state: :func:`~hvdtrain.store.gluon_internals.statistics_of`), in a
     fixed order (the same on every rank)."""
-    params = net.collect_params()
-    return [params[name] for name in sorted(params.keys()) if is_statistic(params[name])]
+    params, statistics = net.collect_params(), statistics_of(net)
+    return [params[name] for name in sorted(params.keys()) if id(params[name]) in statistics]
 
 
 def average_running_stats(net, dist: DistContext,

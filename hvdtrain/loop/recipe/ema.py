@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import mxnet as mx
 import numpy as np
 
-from ...store.gluon_internals import is_statistic, params_by_place
+from ...store.gluon_internals import params_by_place, statistics_of
 
 logger = logging.getLogger("hvdtrain")
 
@@ -84,6 +84,7 @@ class WeightAverage:
         self.decay, self.every = float(decay), int(every)
         self.warmup_steps = 0  # through this optimizer step the average copies the model
         self.params = params_by_place(net)
+        self._moved_alone = statistics_of(net)
         self.names = sorted(self.params)
         self.arrays: Dict[str, mx.nd.NDArray] = {
             name: self.params[name].list_data()[0].astype("float32") for name in self.names}
@@ -132,7 +133,7 @@ class WeightAverage:
         return mx.nd.zeros_like(mx.nd.add_n(*firsts) if len(firsts) > 1 else firsts[0])
 
     def _statistic_names(self) -> List[str]:
-        return [n for n in self.names if is_statistic(self.params[n])
+        return [n for n in self.names if id(self.params[n]) in self._moved_alone
                 and np.issubdtype(np.dtype(self.params[n].dtype), np.floating)]
 
     def statistics(self) -> List[mx.nd.NDArray]:

@@ -201,8 +201,7 @@ class Boundary:
         self._voted_reason = self.reason
         votes = [int(self._voted_reason is not None), int(bool(end))]
         if self.dist.num_workers > 1 and self.dist.synchronous:
-            votes = [int(v) for v in self.dist.sum_across_workers(
-                "stop_vote", mx.nd.array(votes)).asnumpy()]
+            votes = [int(v) for v in self.dist.agree("stop_vote", payload=votes)]
         self.stopping = max(self.stopping, votes[0])
         return self.stopping, votes[1] > 0
 

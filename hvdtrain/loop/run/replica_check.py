@@ -23,8 +23,9 @@ Then, by ``replica_check``:
 Digests are 48 bits of BLAKE2b, held exactly in float64: the ranks' digest vectors travel
 in one sum (each rank fills its own row of a ranks x arrays table), and each then knows
 every rank's digest of every array, so all of them decide alike. Sizing a difference and
-the re-sync cost two more, only when something differs. Each collective's name carries
-its size: a parameter server (``dist_sync``) keeps one size per name.
+the re-sync cost two more, only when something differs. Each collective is named by
+the site alone (a parameter server's key adds the shape, store/dist.py): a size read from
+one rank's own arrays would give each rank another name where sizes differ, and a hang.
 """
 from __future__ import annotations
 
@@ -37,13 +38,14 @@ import mxnet as mx
 import numpy as np
 
 from ...store.dist import DistContext
-from ...store.gluon_internals import is_statistic, params_by_place, trainer_params, updater_states
+from ...store.gluon_internals import params_by_place, statistics_of, trainer_params, updater_states
 from .together import StoppedTogether, leave_together, write_together
 
 logger = logging.getLogger("hvdtrain")
 
 DIGEST_BITS = 48  # below float64's 53-bit mantissa: a digest travels in a sum exactly
 NAMES_SHOWN = 4  # arrays named in the line; the record lists them all
+COLUMNS = 3  # a replica's columns in the digest table: digest, devices differ, elements
 
 
 @dataclass
@@ -88,10 +90,10 @@ def model_replicas(net, trainer, statistics: bool = True) -> List[Replica]:
     the running statistics only if `statistics`), then each trained parameter's optimizer
     state on each device (one entry whatever the optimizer keeps, none included)."""
     out = []
-    places = params_by_place(net)
+    places, moved_alone = params_by_place(net), statistics_of(net)
     for name in sorted(places):
         param = places[name]
-        if statistics or not is_statistic(param):
+        if statistics or id(param) not in moved_alone:
             out.append(Replica(name, list(param.list_data())))
     names = {id(param): name for name, param in places.items()}
     for device, states in enumerate(updater_states(trainer)):
@@ -122,15 +124,24 @@ def _digest(arrays: Sequence[mx.nd.NDArray]) -> float:
 
 def local_digests(replicas: Sequence[Replica]) -> np.ndarray:
     """This rank's row of the digest table: for each replica the digest of its device 0
-    copy (of all its parts, for an optimizer state), and 1.0 where this rank's device
-    copies differ among themselves (else 0.0)."""
-    row = np.zeros(2 * len(replicas), np.float64)
+    copy (of all its parts, for an optimizer state), 1.0 where this rank's device copies
+    differ among themselves (else 0.0), and its number of elements (what a copy of rank
+    0's values then takes: every rank must know it alike)."""
+    row = np.zeros(COLUMNS * len(replicas), np.float64)
     for k, replica in enumerate(replicas):
         state = replica.name.startswith("optimizer state")
-        row[2 * k] = _digest(replica.arrays if state else replica.arrays[:1])
+        at = COLUMNS * k
+        row[at] = _digest(replica.arrays if state else replica.arrays[:1])
         if not state and len(replica.arrays) > 1:
-            row[2 * k + 1] = float(any(_digest([c]) != row[2 * k] for c in replica.arrays[1:]))
+            row[at + 1] = float(any(_digest([c]) != row[at] for c in replica.arrays[1:]))
+        row[at + 2] = _size(replica)
     return row
+
+
+def _size(replica: Replica) -> int:
+    arrays = replica.arrays if replica.name.startswith("optimizer state") else \
+        replica.arrays[:1]
+    return int(sum(a.size for a in arrays))
 
 
 class ReplicaCheck:
@@ -176,11 +187,12 @@ class ReplicaCheck:
             return None
         mx.nd.waitall()
         replicas = model_replicas(self.net, self.trainer, statistics)
-        differ, ranks = self._differing(replicas)
+        differ, ranks, sizes = self._differing(replicas)
         self.checks += 1
         if not differ:
             return None
-        drift = self._size_and_settle(replicas, differ, ranks, where)
+        self._refuse_other_sizes(replicas, differ, sizes, where)
+        drift = self._size_and_settle(replicas, differ, ranks, where, sizes[0])
         self.drifts.append(drift)
         # Every rank found the same: rank 0 says it (under strict, the stop's one line does).
         if drift.action == "resync" and self.dist.is_root:
@@ -193,22 +205,35 @@ class ReplicaCheck:
                                   lambda: leave_together(self.dist))
         return drift
 
-    def _differing(self, replicas: List[Replica]) -> Tuple[List[int], List[int]]:
+    def _differing(self, replicas: List[Replica]):
         """Positions of the replicas whose digest is not rank 0's on every rank (or whose
-        device copies differ on some rank), and the ranks that hold such a copy."""
+        device copies differ on some rank), the ranks that hold such a copy, and every
+        rank's element count of each replica (ranks x replicas). A model of another size on
+        some rank makes another table there: Horovod refuses the shapes on every rank."""
         ranks, rank = self.dist.num_workers, self.dist.rank
-        table = np.zeros((ranks, 2 * len(replicas)), np.float64)
+        table = np.zeros((ranks, COLUMNS * len(replicas)), np.float64)
         table[rank] = local_digests(replicas)
         if ranks > 1:
-            table = self.dist.sum_across_workers(
-                f"replica_digests.{table.size}", mx.nd.array(table, dtype="float64")).asnumpy()
-        digests, split = table[:, 0::2], table[:, 1::2]
+            table = self.dist.agree("replica_digests", payload=table).reshape(table.shape)
+        digests, split, sizes = (table[:, c::COLUMNS] for c in range(COLUMNS))
         odd = (digests != digests[0]) | (split > 0)  # ranks x replicas
         return ([k for k in range(len(replicas)) if odd[:, k].any()],
-                [r for r in range(ranks) if odd[r].any()])
+                [r for r in range(ranks) if odd[r].any()], sizes.astype(np.int64))
+
+    def _refuse_other_sizes(self, replicas, differ, sizes, where: str) -> None:
+        """Arrays of another size than rank 0's on some rank cannot take its values: every
+        rank stops alike (they all read the same table)."""
+        other = [k for k in differ if (sizes[:, k] != sizes[0, k]).any()]
+        if other:
+            ranks = sorted({r for k in other for r in np.flatnonzero(sizes[:, k] != sizes[0, k])})
+            raise StoppedTogether(
+                f"hvdtrain: error: replicas differ in size at {where}: {len(other)} array(s) "
+                f"({', '.join(replicas[k].name for k in other[:NAMES_SHOWN])}) on rank "
+                f"{', '.join(map(str, ranks))}: the ranks hold different models",
+                lambda: leave_together(self.dist))
 
     def _size_and_settle(self, replicas: List[Replica], differ: List[int],
-                         differing_ranks: List[int], where: str) -> Drift:
+                         differing_ranks: List[int], where: str, root_sizes) -> Drift:
         """Rank 0's values of the differing replicas on every rank (one sum), the largest
         difference from them on each rank (one more), and under ``resync`` rank 0's values
         written into every copy."""
@@ -216,10 +241,12 @@ class ReplicaCheck:
         mine = [np.concatenate([a.asnumpy().astype(np.float64).ravel()
                                 for a in replicas[k].arrays]) if replicas[k].arrays
                 else np.zeros(0) for k in differ]
-        flat = np.concatenate(mine) if rank == 0 else np.zeros(sum(m.size for m in mine))
+        # Sized by rank 0's counts, which every rank read in the table: never by its own.
+        flat = np.concatenate(mine) if rank == 0 else \
+            np.zeros(int(sum(root_sizes[k] for k in differ)))
         if ranks > 1:
             flat = self.dist.sum_across_workers(
-                f"replica_values.{flat.size}", mx.nd.array(flat, dtype="float64")).asnumpy()
+                "replica_values", mx.nd.array(flat, dtype="float64")).asnumpy()
         gaps = np.zeros((ranks, len(differ)))
         at = 0
         for j, (k, values) in enumerate(zip(differ, mine)):
@@ -235,7 +262,7 @@ class ReplicaCheck:
                 _write(replicas[k], root)
         if ranks > 1:
             gaps = self.dist.sum_across_workers(
-                f"replica_gaps.{gaps.size}", mx.nd.array(gaps, dtype="float64")).asnumpy()
+                "replica_gaps", mx.nd.array(gaps, dtype="float64")).asnumpy()
         if self.policy == "resync":
             mx.nd.waitall()
         worst = np.unravel_index(int(np.argmax(gaps)), gaps.shape)

@@ -25,6 +25,7 @@ import mxnet as mx
 
 from ...config import EXIT_PREEMPTED
 from ...state.writes import OutputError
+from ...store.agree import leave
 from ...store.dist import DistContext
 
 logger = logging.getLogger("hvdtrain")
@@ -83,10 +84,11 @@ def write_together(dist: DistContext, write: Callable[[], None], where: str) -> 
         if failed is not None:
             raise failed
         return
-    flags = mx.nd.zeros(dist.num_workers)
+    flags = [0.0] * dist.num_workers
     flags[dist.rank] = float(failed is not None)
-    ranks = [rank for rank, flag in
-             enumerate(dist.sum_across_workers("outputs_written", flags).asnumpy()) if flag]
+    # The failure rides as a payload (each rank's line says it its own way, below).
+    ranks = [rank for rank, flag in enumerate(dist.agree("outputs_written", payload=flags))
+             if flag]
     if ranks:
         raise stopped_by_failed_write(dist, failed, ranks, where)
 
@@ -104,10 +106,6 @@ def stopped_by_failed_write(dist: DistContext, failed: Optional[OutputError], ra
 
 
 def leave_together(dist: DistContext) -> None:
-    """A last collective, then the store's orderly shutdown (Horovod's, where it has one).
-    Workers of an asynchronous store never meet: they only shut down."""
-    if dist.num_workers > 1 and dist.synchronous:
-        dist.sum_across_workers("leave", mx.nd.zeros(1)).asnumpy()
-    shutdown = getattr(dist.store, "shutdown", None)
-    if shutdown is not None:
-        shutdown()
+    """A last collective, then the store's orderly shutdown (Horovod's, where it has one):
+    :func:`hvdtrain.store.agree.leave`, which an agreed error's ``leave`` calls too."""
+    leave(dist)

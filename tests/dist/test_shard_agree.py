@@ -1,0 +1,39 @@
+"""ShardedTrainer's decisions taken by every rank alike (issue 63, findings 3 and 4)."""
+import json
+import os
+import sys
+
+import pytest
+
+from helpers import run_command
+from jobs import HERE, launcher
+
+pytestmark = pytest.mark.dist
+PROGRAM = os.path.join(HERE, "shard_agree_program.py")
+
+
+def test_save_states_is_written_by_rank_0_alone(tmp_path):
+    """``save_states`` gathers on every rank (a collective) and rank 0 alone writes: given
+    each rank's own path, only rank 0's file exists, holding every parameter's state
+    (before, every rank wrote, and on a shared folder N ranks truncated one file)."""
+    proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path),
+                                               "save"], timeout=90)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert reports[0]["files"] == reports[1]["files"] == ["states-rank0"], reports
+    assert reports[0]["states"] == 4  # two Dense layers: weight and bias each
+    assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]
+
+
+def test_a_stale_gradient_on_one_rank_stops_every_rank_with_the_same_line(tmp_path):
+    """Rank 1 leaves a trained parameter without a gradient at one step: every rank stops
+    there with the same line naming it (before, rank 1 raised alone and rank 0 waited in
+    the all-to-all until Horovod's stall timeout)."""
+    proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path),
+                                               "stale"], timeout=90)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    lines = [l.split(":", 1)[1] for l in proc.stdout.splitlines()
+             if "shard_agree_program.py: error:" in l]
+    assert len(lines) == 2 and len(set(lines)) == 1, proc.stdout[-3000:]
+    assert "has not been updated by backward since last `step`" in lines[0]
+    assert "(rank 1; every rank stopped at shard_stale)" in lines[0]
