@@ -6,7 +6,8 @@ Usage: scripts/compare_horovod_dumps.py DIR [--against REF_DIR]
 For DIR (one 2-rank run): after each epoch, how many of the trainer's arrays differ between
 rank 0 and each other rank (bit for bit), split into running statistics (arrays no gradient
 updates: names ending in running_mean/running_var/moving_*) and the rest, with the largest
-difference; and each rank's steps/s (from its second step on: the first builds the graph).
+difference; and each rank's steps/s and CPU seconds a step (from its second step on: the first builds
+the graph).
 
 With --against REF_DIR (the same script, seed and data under the other module): whether the
 initial arrays are equal, and the largest difference between the two runs' first updates
@@ -61,7 +62,9 @@ def report_run(folder):
         times = steps[rank]["times"]
         if len(times) > 2:
             rate = (len(times) - 2) / (times[-1] - times[1])
-            print(f"rank {rank}: {len(times)} steps, {rate:.3f} steps/s from step 2 on")
+            cpu = steps[rank].get("cpu")
+            per_step = f", {(cpu[-1] - cpu[1]) / (len(cpu) - 2):.3f} CPU s/step" if cpu else ""
+            print(f"rank {rank}: {len(times)} steps, {rate:.3f} steps/s{per_step} from step 2 on")
 
 
 def report_against(folder, ref):

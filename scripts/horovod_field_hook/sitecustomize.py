@@ -11,8 +11,10 @@ the script's processes when asked to measure, under either module alike. It reco
   the trainer stepped. At exit the dump waits for the arrays, and so for the last step's
   exchange: a script that leaves without waiting for it (GluonCV's train_ssd.py on ranks
   other than 0) fails under horovod.mxnet without the hook (docs/horovod-field.md);
-- ``rank{R}-steps.json``: each step's start time (``time.perf_counter``) and the step
-  index each epoch ended at, for steps/s.
+- ``rank{R}-steps.json``: each step's start time (``time.perf_counter``) and the
+  process's CPU seconds then (``time.process_time``: every thread, MXNet's and Horovod's
+  included; less sensitive to other jobs on the host than wall time), and the step index
+  each epoch ended at.
 
 With HVDFIELD_SEED set it also seeds Python's, NumPy's and MXNet's generators with
 SEED + rank at start-up, so that two runs (one per module) draw the same initial weights,
@@ -34,6 +36,7 @@ class Recorder:
         self.folder = folder
         self.params = None
         self.times = []
+        self.cpu = []   # the process's CPU seconds (every thread) at each step's start
         self.epoch_ends = []
         self.pending = False   # a loader pass with steps ended; its epoch not dumped yet
         self.train_loader = None  # the loader of that pass
@@ -52,6 +55,7 @@ class Recorder:
         if not self.times:
             self.dump("step0")
         self.times.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
     def after_step(self):
         if len(self.times) == 1:
@@ -63,7 +67,8 @@ class Recorder:
         if self.pending:
             self.end_epoch()
         with open(os.path.join(self.folder, f"rank{RANK}-steps.json"), "w") as out:
-            json.dump({"times": self.times, "epoch_ends": self.epoch_ends}, out)
+            json.dump({"times": self.times, "cpu": self.cpu, "epoch_ends": self.epoch_ends},
+                      out)
 
 
 def install(recorder):
