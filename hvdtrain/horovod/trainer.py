@@ -24,6 +24,7 @@ from typing import Optional
 
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
 from horovod.mxnet import Compression, DistributedOptimizer, global_process_set
 
 from ..config import ConfigError, RunConfig
@@ -33,7 +34,8 @@ from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
-from ..store.gluon_internals import broadcast_at_first_step
+from ..store.gluon_internals import (after_deferred_init, broadcast_at_first_step,
+                                     set_up_store_early, shape_deferred)
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
@@ -123,9 +125,20 @@ class DistributedTrainer(BucketedTrainer):
         self._statistics = bool(self._statistic_params)
         self._float_statistics = all(np.issubdtype(np.dtype(p.dtype), np.floating)
                                      for p in self._statistic_params)
+        # The buckets planned now if the shapes are known, else as soon as Gluon knows the
+        # last one (in the first forward pass): a script's static graph
+        # (hybridize(static_alloc=True)) then writes its first gradients into them.
+        if not set_up_store_early(self):
+            for param in self._params:
+                if shape_deferred(param):
+                    after_deferred_init(param, self._shape_known)
         self.replicas = ReplicaCheck(self._trained, self, session.dist,
                                      session.replica_policy)
         session.trainers.append(self)
+
+    def _shape_known(self, _param) -> None:
+        with autograd.pause():
+            set_up_store_early(self)
 
     def step(self, batch_size, ignore_stale_grad=False):
         """Exchange the gradients, then update with them divided by the samples every rank
