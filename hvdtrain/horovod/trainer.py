@@ -35,7 +35,7 @@ from ..report.log import error_line
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
 from ..store.gluon_internals import (after_deferred_init, broadcast_at_first_step,
-                                     set_up_store_early, shape_deferred)
+                                     set_up_store_early, shape_deferred, trainer_params)
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
@@ -65,7 +65,8 @@ def _store(session, compression) -> HorovodKVStore:
     if compression not in kinds:
         raise ConfigError(f"compression={compression!r}: hvdtrain.horovod sends gradients "
                           f"as Compression.none or Compression.fp16")
-    stores = session.__dict__.setdefault("stores", {"none": session.dist.store})
+    stores = session.stores
+    stores.setdefault("none", session.dist.store)
     if kinds[compression] not in stores:
         stores[kinds[compression]] = HorovodKVStore(compression=kinds[compression],
                                                     fuse_calls=False)
@@ -118,7 +119,7 @@ class DistributedTrainer(BucketedTrainer):
                          update_on_kvstore=False, bucket_mb=BUCKET_MB)
         # The first step broadcasts rank 0's weights (a script that forgot
         # broadcast_parameters still trains one model); the statistics it averages instead.
-        self._trained = TrainedParams(self._params)
+        self._trained = TrainedParams(trainer_params(self))
         self._statistic_params = running_statistics(self._trained)
         averaged = {id(param) for param in self._statistic_params}
         broadcast_at_first_step(self, lambda param: id(param) not in averaged)
@@ -129,7 +130,7 @@ class DistributedTrainer(BucketedTrainer):
         # last one (in the first forward pass): a script's static graph
         # (hybridize(static_alloc=True)) then writes its first gradients into them.
         if not set_up_store_early(self):
-            for param in self._params:
+            for param in trainer_params(self):
                 if shape_deferred(param):
                     after_deferred_init(param, self._shape_known)
         self.replicas = ReplicaCheck(self._trained, self, session.dist,
