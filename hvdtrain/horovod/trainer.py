@@ -193,10 +193,11 @@ class DistributedTrainer(BucketedTrainer):
 def _sum_count_average_statistics(params, batch_size, dist) -> float:
     """Every rank's `batch_size` summed and `params` (running statistics, floating point)
     averaged over the devices and the ranks, in one uncompressed float32 collective on the
-    statistics' device; returns the sum. Per step, so on the device and in one buffer: the
-    engine's epoch-end average (float64 on the host, one array at a time) took 21 ms a step
-    for ResNet-18's statistics against 5 ms here (docs/horovod.md). Every rank computes the
-    same float32 average, so the replicas agree; a count is exact up to 2**24 samples."""
+    statistics' device; returns the sum. It runs every step, so the statistics travel in
+    one buffer on their device, not one array at a time through the host as the engine's
+    epoch-end average does (docs/performance.md, "hvdtrain.horovod's step"). Every rank
+    computes the same float32 average, so the replicas agree; the count is exact up to
+    2**24 samples."""
     device = params[0].list_ctx()[0] if params else mx.cpu()
     parts = [mx.nd.array([float(batch_size)], ctx=device, dtype="float32")]
     for param in params:
@@ -206,17 +207,18 @@ def _sum_count_average_statistics(params, batch_size, dist) -> float:
         parts.append(local.reshape(-1))
     flat = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0].copy()
     dist.sum_across_workers(f"horovod_step.{flat.size}", flat)
+    flat /= dist.num_workers  # one pass: the count is read back times the ranks
     at = 1
     for param in params:
         size = int(np.prod(param.shape))
-        value = (flat[at:at + size] / dist.num_workers).reshape(param.shape)
+        value = flat[at:at + size].reshape(param.shape).astype(param.dtype, copy=False)
         at += size
         for copy in param.list_data():
-            value.astype(param.dtype, copy=False).copyto(copy)
-    total = float(flat[0].asscalar())
+            value.copyto(copy)
+    total = round(float(flat[0].asscalar()) * dist.num_workers)
     if params:
         # Under hybridize(static_alloc=True) MXNet does not order BatchNorm's own writes
         # of its statistics after these copies: nothing may be pending when the next
         # forward pass starts.
         mx.nd.waitall()
-    return total
+    return float(total)
