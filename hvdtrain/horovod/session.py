@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from ..config import ConfigError
 from ..report.log import launch_rank, setup_logging
@@ -55,6 +55,7 @@ class Session:
     replica_policy: str
     replica_every: int
     trainers: List = field(default_factory=list)  # DistributedTrainers, checked at exit
+    stores: Dict = field(default_factory=dict)  # Horovod stores by compression ("none", "fp16")
     closed: bool = False
     failed: bool = False  # the script raised an uncaught error
 

@@ -24,6 +24,7 @@ from typing import Optional
 
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
 from horovod.mxnet import Compression, DistributedOptimizer, global_process_set
 
 from ..config import ConfigError, RunConfig
@@ -33,7 +34,8 @@ from ..loop.run.together import StoppedTogether
 from ..report.log import error_line
 from ..options import default_of
 from ..store.buckets import BucketedTrainer
-from ..store.gluon_internals import broadcast_at_first_step
+from ..store.gluon_internals import (after_deferred_init, broadcast_at_first_step,
+                                     set_up_store_early, shape_deferred, trainer_params)
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
@@ -63,7 +65,8 @@ def _store(session, compression) -> HorovodKVStore:
     if compression not in kinds:
         raise ConfigError(f"compression={compression!r}: hvdtrain.horovod sends gradients "
                           f"as Compression.none or Compression.fp16")
-    stores = session.__dict__.setdefault("stores", {"none": session.dist.store})
+    stores = session.stores
+    stores.setdefault("none", session.dist.store)
     if kinds[compression] not in stores:
         stores[kinds[compression]] = HorovodKVStore(compression=kinds[compression],
                                                     fuse_calls=False)
@@ -116,16 +119,27 @@ class DistributedTrainer(BucketedTrainer):
                          update_on_kvstore=False, bucket_mb=BUCKET_MB)
         # The first step broadcasts rank 0's weights (a script that forgot
         # broadcast_parameters still trains one model); the statistics it averages instead.
-        self._trained = TrainedParams(self._params)
+        self._trained = TrainedParams(trainer_params(self))
         self._statistic_params = running_statistics(self._trained)
         averaged = {id(param) for param in self._statistic_params}
         broadcast_at_first_step(self, lambda param: id(param) not in averaged)
         self._statistics = bool(self._statistic_params)
         self._float_statistics = all(np.issubdtype(np.dtype(p.dtype), np.floating)
                                      for p in self._statistic_params)
+        # The buckets planned now if the shapes are known, else as soon as Gluon knows the
+        # last one (in the first forward pass): a script's static graph
+        # (hybridize(static_alloc=True)) then writes its first gradients into them.
+        if not set_up_store_early(self):
+            for param in trainer_params(self):
+                if shape_deferred(param):
+                    after_deferred_init(param, self._shape_known)
         self.replicas = ReplicaCheck(self._trained, self, session.dist,
                                      session.replica_policy)
         session.trainers.append(self)
+
+    def _shape_known(self, _param) -> None:
+        with autograd.pause():
+            set_up_store_early(self)
 
     def step(self, batch_size, ignore_stale_grad=False):
         """Exchange the gradients, then update with them divided by the samples every rank
@@ -179,10 +193,11 @@ class DistributedTrainer(BucketedTrainer):
 def _sum_count_average_statistics(params, batch_size, dist) -> float:
     """Every rank's `batch_size` summed and `params` (running statistics, floating point)
     averaged over the devices and the ranks, in one uncompressed float32 collective on the
-    statistics' device; returns the sum. Per step, so on the device and in one buffer: the
-    engine's epoch-end average (float64 on the host, one array at a time) took 21 ms a step
-    for ResNet-18's statistics against 5 ms here (docs/horovod.md). Every rank computes the
-    same float32 average, so the replicas agree; a count is exact up to 2**24 samples."""
+    statistics' device; returns the sum. It runs every step, so the statistics travel in
+    one buffer on their device, not one array at a time through the host as the engine's
+    epoch-end average does (docs/performance.md, "hvdtrain.horovod's step"). Every rank
+    computes the same float32 average, so the replicas agree; the count is exact up to
+    2**24 samples."""
     device = params[0].list_ctx()[0] if params else mx.cpu()
     parts = [mx.nd.array([float(batch_size)], ctx=device, dtype="float32")]
     for param in params:
@@ -192,17 +207,18 @@ def _sum_count_average_statistics(params, batch_size, dist) -> float:
         parts.append(local.reshape(-1))
     flat = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0].copy()
     dist.sum_across_workers(f"horovod_step.{flat.size}", flat)
+    flat /= dist.num_workers  # one pass: the count is read back times the ranks
     at = 1
     for param in params:
         size = int(np.prod(param.shape))
-        value = (flat[at:at + size] / dist.num_workers).reshape(param.shape)
+        value = flat[at:at + size].reshape(param.shape).astype(param.dtype, copy=False)
         at += size
         for copy in param.list_data():
-            value.astype(param.dtype, copy=False).copyto(copy)
-    total = float(flat[0].asscalar())
+            value.copyto(copy)
+    total = round(float(flat[0].asscalar()) * dist.num_workers)
     if params:
         # Under hybridize(static_alloc=True) MXNet does not order BatchNorm's own writes
         # of its statistics after these copies: nothing may be pending when the next
         # forward pass starts.
         mx.nd.waitall()
-    return total
+    return float(total)

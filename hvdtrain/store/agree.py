@@ -23,6 +23,7 @@ there, and every rank must leave within the stall timeout with one line.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable, Optional, Sequence
 
@@ -32,14 +33,15 @@ import numpy as np
 from ..config import ConfigError
 from .sites import FAULT_ENV, SITES, site_of
 
+logger = logging.getLogger("hvdtrain")
+
 REASON_WORDS = 128  # a reason travels as 4 bytes a float64 word: up to 512 bytes of UTF-8
 _OK, _USAGE, _FAILED = 0, 1, 2  # a rank's verdict: its kind of failure picks the exit status
 
 
-class AgreedError(RuntimeError):
-    """Some rank could not go on at a site; every rank raises this at the same point, with
-    the same one line (:attr:`line`). Exit status 1; :meth:`leave` (a last collective,
-    then the store's orderly shutdown) after the line is printed."""
+class _Agreed:
+    """What every agreed error holds: the line (its message), the site, the ranks that
+    failed there, and the way out."""
 
     status = 1
 
@@ -52,24 +54,20 @@ class AgreedError(RuntimeError):
         return str(self)
 
     def leave(self) -> None:
+        """After the line is printed: :func:`leave`."""
         leave(self._dist)
 
 
-class AgreedConfigError(ConfigError):
+class AgreedError(_Agreed, RuntimeError):
+    """Some rank could not go on at a site; every rank raises this at the same point, with
+    the same one line (:attr:`line`). Exit status 1; :meth:`leave` (a last collective,
+    then the store's orderly shutdown) after the line is printed."""
+
+
+class AgreedConfigError(_Agreed, ConfigError):
     """:class:`AgreedError` where the failing rank's reason was bad input (exit status 2)."""
 
     status = 2
-
-    def __init__(self, line: str, site: str = "", ranks: Sequence[int] = (), dist=None):
-        super().__init__(line)
-        self.site, self.ranks, self._dist = site, list(ranks), dist
-
-    @property
-    def line(self) -> str:
-        return str(self)
-
-    def leave(self) -> None:
-        leave(self._dist)
 
 
 class FaultInjected(RuntimeError):
@@ -140,6 +138,9 @@ def agree(dist, site: str, reason=None, payload=None, key: str = "") -> np.ndarr
     if reason is None and fault_due(site, dist.rank):
         reason = FaultInjected(f"fault injected at {site} on rank {dist.rank} ({FAULT_ENV})")
     kind = _OK if reason is None else _USAGE if isinstance(reason, ConfigError) else _FAILED
+    if kind == _FAILED and isinstance(reason, Exception) and not isinstance(
+            reason, (FaultInjected, _Agreed)):  # its traceback, for whoever debugs it
+        logger.debug("rank %d at %s", dist.rank, site, exc_info=reason)
     text = "" if reason is None else _text(reason)
     values = np.zeros(0) if payload is None else np.asarray(payload, np.float64).ravel()
     ranks = dist.num_workers

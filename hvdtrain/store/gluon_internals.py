@@ -446,6 +446,20 @@ def skip_first_step_broadcast(trainer) -> None:
     trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
 
 
+def set_up_store_early(trainer) -> bool:
+    """Set `trainer`'s store up now, as its first step would before its broadcast (no
+    collective is made): a BucketedTrainer plans its buckets, so that a static graph that
+    runs backward from here on writes into them. Returns False, leaving it to the first
+    step, while a parameter has no data yet (deferred initialisation)."""
+    # pylint: disable=protected-access
+    if trainer._kv_initialized:
+        return True
+    if any(param._data is None for param in trainer._params):
+        return False
+    trainer._init_kvstore()
+    return True
+
+
 def broadcast_at_first_step(trainer, keep) -> None:
     """Let `trainer`'s first step broadcast only the parameters ``keep(param)`` accepts
     (``gluon.Trainer`` broadcasts every parameter through its store then): for arrays made

@@ -151,6 +151,12 @@ class ShardedTrainer(BucketedTrainer):
                               "above 0 and every gradient dense")
 
     def _replan(self) -> None:
+        # The buckets change under a sliced state (a frozen backbone starts to train:
+        # --freeze-epochs; every rank replans at the same point, grad_req changing alike):
+        # the whole state is gathered under the old plan, and cut again under the new one.
+        if self._layout is not None and self.shard_updater.states and self._loaded is None:
+            self.whole_states_later()  # a gather, unless nothing was updated since
+            self._loaded = self._resting
         super()._replan()
         self._plan_slices()
 
@@ -522,9 +528,9 @@ class ShardedTrainer(BucketedTrainer):
         sees the old file or the new one); a failed write stops every rank alike.
 
         Horovod's idiom ``if hvd.rank() == 0: trainer.save_states(f)`` cannot work here:
-        rank 0 waits at the gather for slices the others never send, until Horovod's stall
-        check (its warning after 60 s) and the watchdog's stall timeout end the job
-        (docs/shard-optimizer.md). Call it on every rank."""
+        rank 0 waits at the gather for slices the others never send, until a watchdog's
+        stall timeout or Horovod's stall shutdown ends the job (docs/performance.md,
+        "Sharded optimizer state"). Call it on every rank."""
         states = self.whole_states_later()()
         store = self._kvstore
         failed = None

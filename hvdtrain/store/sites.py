@@ -34,8 +34,8 @@ SITES = {
                                     "same first epoch"),
     # runtime/, state/, check/
     "hvdtrain.pulse": ("data", "runtime/pulse.py: the watchdog's heartbeat, from its own thread"),
-    "run_dir_agreement": ("agree", "state/run_dir.py: the output folder free, the same "
-                                   "checkpoint found"),
+    "run_dir_agreement": ("data", "state/run_dir.py: the output folder free, the same "
+                                  "checkpoint found (decided alike from the sums)"),
     "check": ("data", "check/preflight.py: the pre-flight's facts and timed allreduce"),
     # loop/engine
     "step_counts": ("data", "loop/engine/counts.py: the step's counts and votes, riding "

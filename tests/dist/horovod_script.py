@@ -10,7 +10,8 @@ unevenly), ``trainer.step(batch_size)``, a validation pass after each epoch and 
 export of every array after it (OUT_DIR/rank<R>-epoch<E>.npz). Options: ``epochs`` (2),
 ``hang`` / ``die`` / ``nudge`` (``rank:step``: that rank stops for ever / exits / moves a
 weight of its own after that step),
-``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``).
+``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``), ``same_seed=1``
+(every rank initialised alike, no broadcast).
 
 Writes OUT_DIR/rank<R>.json: the validation accuracy each epoch, the steps taken.
 """
@@ -59,12 +60,16 @@ def main(out_dir, module, options):
     hvd = importlib.import_module(module)
     hvd.init()
     rank, ranks = hvd.rank(), hvd.size()
-    mx.random.seed(SEED + rank)  # each rank's own initial weights: the broadcast must fix them
+    same_seed = options.get("same_seed") == "1"
+    # Each rank's own initial weights, which the broadcast must fix; or (same_seed=1) the
+    # same everywhere and no broadcast: Horovod's own can crash a rank (store/broadcast.py).
+    mx.random.seed(SEED + (0 if same_seed else rank))
     net = build_net()
     net.initialize(mx.init.Xavier())
     net.hybridize()
     params = net.collect_params()
-    hvd.broadcast_parameters(params, root_rank=0)  # deferred: sent at the first forward
+    if not same_seed:
+        hvd.broadcast_parameters(params, root_rank=0)  # deferred: sent at the first forward
     trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     images, labels = data(SAMPLES, 1)

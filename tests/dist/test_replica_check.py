@@ -9,6 +9,7 @@ layout back from its inference layout was queued behind the optimizer's update o
 and before it on the other."""
 import json
 import os
+import re
 import sys
 
 import mxnet as mx
@@ -21,6 +22,7 @@ from jobs import HERE, JOB_TIMEOUT, assert_same_params, launcher
 import resnet20_program as resnet20
 
 pytestmark = pytest.mark.dist
+TAG = re.compile(r"\[1,\d+\]<std\w+>:")  # mpirun's tags, wherever they fall
 RESNET = os.path.join(HERE, "resnet20_program.py")
 MODELS = os.path.join(HERE, "estimator_models.py")
 
@@ -131,7 +133,8 @@ def test_arrays_of_another_size_on_one_rank_stop_every_rank_with_one_line(tmp_pa
     program = os.path.join(HERE, "replica_sizes_program.py")
     proc = run_command(launcher("ranks", 2) + [sys.executable, program], timeout=90)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    lines = [l.split(":", 1)[1] for l in proc.stdout.splitlines() if "error: replicas" in l]
+    lines = [TAG.sub("", l.split(":", 1)[1]) for l in proc.stdout.splitlines()
+             if "error: replicas" in l]
     assert len(lines) == 2 and len(set(lines)) == 1, proc.stdout[-3000:]
     assert ("replicas differ in size at the test's check: 2 array(s) (bias, weight) on "
             "rank 1" in lines[0]), lines

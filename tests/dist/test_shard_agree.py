@@ -1,6 +1,7 @@
 """ShardedTrainer's decisions taken by every rank alike (issue 63, findings 3 and 4)."""
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -9,6 +10,7 @@ from helpers import run_command
 from jobs import HERE, launcher
 
 pytestmark = pytest.mark.dist
+TAG = re.compile(r"\[1,\d+\]<std\w+>:")  # mpirun's tags, wherever they fall
 PROGRAM = os.path.join(HERE, "shard_agree_program.py")
 
 
@@ -32,8 +34,25 @@ def test_a_stale_gradient_on_one_rank_stops_every_rank_with_the_same_line(tmp_pa
     proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path),
                                                "stale"], timeout=90)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    lines = [l.split(":", 1)[1] for l in proc.stdout.splitlines()
+    lines = [TAG.sub("", l.split(":", 1)[1]) for l in proc.stdout.splitlines()
              if "shard_agree_program.py: error:" in l]
     assert len(lines) == 2 and len(set(lines)) == 1, proc.stdout[-3000:]
     assert "has not been updated by backward since last `step`" in lines[0]
     assert "(rank 1; every rank stopped at shard_stale)" in lines[0]
+
+
+def test_a_failed_save_on_one_of_three_ranks_stops_every_rank_with_the_same_line(tmp_path):
+    """The fault switch fails rank 1 at ``shard_save`` (after the gather, where rank 0's
+    write is agreed): each of 3 ranks stops there with the same line, and no file is half
+    written (rank 0's is whole: the atomic write ran before the vote)."""
+    env = dict(os.environ, HVDTRAIN_FAULT_AT="shard_save:1")
+    proc = run_command(launcher("ranks", 3) + ["-x", "HVDTRAIN_FAULT_AT", sys.executable,
+                                               PROGRAM, str(tmp_path), "save"],
+                       timeout=90, env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    lines = [TAG.sub("", l.split(":", 1)[1]) for l in proc.stdout.splitlines()
+             if "shard_agree_program.py: error:" in l]
+    assert len(lines) == 3 and len(set(lines)) == 1, proc.stdout[-3000:]
+    assert lines[0].endswith("fault injected at shard_save on rank 1 (HVDTRAIN_FAULT_AT) "
+                             "(rank 1; every rank stopped at shard_save)"), lines
+    assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]

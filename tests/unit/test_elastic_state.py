@@ -228,3 +228,22 @@ def test_a_commit_that_fails_inside_its_gather_leaves_the_last_commit_whole(monk
     train(reference, ref_trainer, range(4, 5))
     train(net, trainer, range(4, 5))
     assert_same(arrays(net), arrays(reference))
+
+
+def test_the_fault_switch_fails_a_commit_between_its_weights_and_its_gather(monkeypatch):
+    """``HVDTRAIN_FAULT_AT=elastic.commit:<rank>`` fails a commit where a lost peer would
+    (after the weights are copied, before the optimizer state's gather): the previous
+    commit stays whole."""
+    from hvdtrain.store import agree as agree_mod
+    from hvdtrain.store.agree import FaultInjected
+    net, trainer = build()
+    kept = one_process(net, trainer, position=TrainState(epoch=0, step=0))
+    committed = arrays(net)
+    train(net, trainer, range(2))
+    monkeypatch.setattr(agree_mod, "_FAULT_CALLS", {})
+    monkeypatch.setenv("HVDTRAIN_FAULT_AT", "elastic.commit:0")
+    with pytest.raises(FaultInjected, match="fault injected at elastic.commit on rank 0"):
+        kept.commit()
+    monkeypatch.delenv("HVDTRAIN_FAULT_AT")
+    kept.restore()
+    assert_same(arrays(net), committed)

@@ -30,6 +30,7 @@ arrays is enough after a failed allreduce: the engine's error is raised once (by
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Callable, Dict, Optional
 
 import mxnet as mx
@@ -40,7 +41,9 @@ from ...runtime.elastic_run import collective_errors, drain_engine
 from ...state import compression_state
 from ...state.loss_scale import loss_scale_state, restore_loss_scale
 from ...state.train_state import TrainState
+from ...store.agree import fault_point
 from ...store.broadcast import broadcast_object
+from ...store.sites import FAULT_ENV
 from ...store.gluon_internals import (discard_gradients, optimizer_states, params_by_place,
                                      set_optimizer_states, skip_first_step_broadcast, store_of,
                                      updates_on_store)
@@ -172,6 +175,8 @@ class GluonState(ObjectState):
         # asnumpy() waits for the engine: the copy is of finished values, never of arrays
         # that an update still writes.
         arrays = {name: p.data().asnumpy() for name, p in params_by_place(self.net).items()}
+        if FAULT_ENV in os.environ and hasattr(self, "_rank"):  # the fault test's switch
+            fault_point("elastic.commit", self._rank())
         # A sharded trainer's is gathered from every rank's slices (a collective: a commit
         # is one every rank makes), or known without one (`alone`, store/sharded.py).
         optimizer = optimizer_states(self.trainer, alone=alone)
