@@ -54,7 +54,8 @@ def one_process(epochs):
     running statistics each part moved, averaged in NumPy after each step. Every array at
     each epoch's end."""
     mx.random.seed(script.SEED)
-    net = script.build_net()
+    with mx.name.NameManager():  # this process's name counters left as they were
+        net = script.build_net()
     net.initialize(mx.init.Xavier())
     net.hybridize()
     params = net.collect_params()

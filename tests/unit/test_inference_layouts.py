@@ -11,8 +11,9 @@ pytestmark = pytest.mark.skipif(not mkldnn_enabled(), reason="hooks only under M
 
 
 def _net():
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Dense(3), mx.gluon.nn.Dense(2))
+    with mx.name.NameManager():  # the process's name counters left as they were
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(3), mx.gluon.nn.Dense(2))
     net.initialize()
     return net
 
