@@ -62,6 +62,12 @@ TRAIN_SSD = (
           r"gdata\.VOCDetection\(\n(\s*)splits=\[\(2007, 'test'\)\]\)",
           r"gdata.VOCDetection(root=os.path.join(os.path.expanduser(args.dataset_root), 'voc'),"
           r"\n\1splits=[(2007, 'test')])", 1),
+    Patch("(for measuring only; no effect unless HVDFIELD_SEED_PER_RANK=1) every rank is "
+          "seeded alike and reads the whole training set, so the ranks train on the same "
+          "batches: with the variable set each rank's seed is --seed + rank",
+          r"^(\s*)gutils\.random\.seed\(args\.seed\)$",
+          r"\1gutils.random.seed(args.seed + (hvd.rank() if args.horovod and os.environ.get("
+          r"'HVDFIELD_SEED_PER_RANK') == '1' else 0))", 1),
 )
 
 PATCHES = {
