@@ -6,7 +6,8 @@ Usage: scripts/bench_horovod_scripts.py UPSTREAM DATA [--pairs 3] [--jobs resnet
 UPSTREAM holds ``gluoncv/imagenet/train_horovod.py`` and ``gluoncv/ssd/train_ssd.py`` as
 GluonCV 0.10 has them (docs/horovod-field.md: fetch them there), DATA what
 scripts/horovod_field_data.py writes. Each job (``resnet18_v1`` and ``mobilenet1.0`` on
-train_horovod.py, ``ssd`` on train_ssd.py) runs ``--pairs`` times under each module, the two
+train_horovod.py, ``ssd`` on train_ssd.py, and ``ssd-apart``: the same with each rank
+seeded apart, ``HVDFIELD_SEED_PER_RANK=1``, not run unless named) runs ``--pairs`` times under each module, the two
 alternating (which goes first alternates too), through scripts/run_horovod_scripts.py with
 the measurement hook and one seed. Prints a line per run (load, exit status, steps/s and
 CPU seconds a step of rank 0 from its second step, the arrays differing between the ranks
@@ -30,12 +31,13 @@ MODULES = ("horovod.mxnet", "hvdtrain.horovod")
 
 def job_args(job, data):
     """(folder under UPSTREAM, file, the script's arguments, mpirun's -x ones) of `job`."""
-    if job == "ssd":
+    if job in ("ssd", "ssd-apart"):
+        apart = ["-x", "HVDFIELD_SEED_PER_RANK=1"] if job == "ssd-apart" else []
         return ("gluoncv/ssd", "train_ssd.py",
                 ["--horovod", "--network", "mobilenet0.25", "--data-shape", "300",
                  "--dataset", "voc", "--dataset-root", data, "--batch-size", "8", "-j", "0",
                  "--epochs", "2", "--log-interval", "0", "--save-interval", "0",
-                 "--val-interval", "1"], [])
+                 "--val-interval", "1"], apart)
     rec = os.path.join(data, "digits-rec")
     return ("gluoncv/imagenet", "train_horovod.py",
             ["--rec-train", os.path.join(rec, "train.rec"),
