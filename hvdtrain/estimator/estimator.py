@@ -111,8 +111,11 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.policy.check_devices(self.context)
         check_store_for_devices(self.config.kvstore, self.dist, self.context)
         # Each metric's state checked (refused in one line if the ranks cannot reduce it).
-        self.train_book = MetricBook(self.train_metrics, "training_metrics", TRAIN_FIELDS)
-        self.val_book = MetricBook(self.val_metrics, "validation_metrics", VAL_FIELDS)
+        strided = self.config.sampling == "strided"  # records kept in sample order
+        self.train_book = MetricBook(self.train_metrics, "training_metrics", TRAIN_FIELDS,
+                                     strided)
+        self.val_book = MetricBook(self.val_metrics, "validation_metrics", VAL_FIELDS,
+                                   strided)
         self.trainer = distributed_trainer(self.trainer, self.net, self.config, self.dist,
                                            self.policy.amp)
         if self.policy.amp:
@@ -480,7 +483,8 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         metrics = [copy.deepcopy(m) for m in self.val_metrics]
         for metric in metrics:
             metric.name = "ema " + metric.name
-        book = MetricBook(metrics, "average_validation_metrics", VAL_FIELDS)
+        book = MetricBook(metrics, "average_validation_metrics", VAL_FIELDS,
+                          self.config.sampling == "strided")
         book.reset()
         feed.sampler.set_epoch(self.state.epoch)
         epoch, watchdog = self.state.epoch, self._watchdog

@@ -42,7 +42,12 @@ HOROVOD_WARNING_SECONDS = 60
 # What a rank may be busy with on its own while the others wait for it (the job's pulse
 # sends the index).
 ELASTIC_RESET = "an elastic reset (Horovod's driver gathers the workers)"
-BUSY_PHASES = ("writing a checkpoint", "saving the final parameters", ELASTIC_RESET)
+# A hvdtrain.horovod script between two of hvdtrain's calls: its own work (a validation, a
+# save) may take any time, and is not cut short while every rank still answers the pulse;
+# only a peer that stops answering ends it (hvdtrain/horovod/session.py).
+SCRIPT_WORK = "the script's own work"
+BUSY_PHASES = ("writing a checkpoint", "saving the final parameters", ELASTIC_RESET,
+               SCRIPT_WORK)
 # Every phase a rank reports (the pulse sends the index): what its last completed step
 # names, or what it is busy with.
 PHASES = ("start-up", "training", "evaluation") + BUSY_PHASES
@@ -193,6 +198,16 @@ class Watchdog:
         """Fire if no progress has come from anywhere for the timeout; return whether it
         fired. While this rank is busy it never fires, and warns every `timeout` seconds."""
         now = self._clock()
+        if self.busy_phase == SCRIPT_WORK:
+            # No warnings: a script's validation is not a stall. Only a pulse gone quiet
+            # for the timeout (a peer frozen or dead) ends the rank; alone, nothing does.
+            self._last_progress = now
+            if self.pulse is None:
+                return False
+            heard = self._heard[1] if self._heard[1] is not None else self._last_beat
+            if now - heard < self.timeout:
+                return False
+            return self._fire(now - heard, now)
         if self.busy_phase:
             self._last_progress = now
             if now - self._last_beat >= self.timeout and \
@@ -204,6 +219,9 @@ class Watchdog:
         idle = now - self._last_progress
         if idle < self.timeout:
             return False
+        return self._fire(idle, now)
+
+    def _fire(self, idle: float, now: float) -> bool:
         logger.error("%s: no progress on any rank for %.0f s, with no step completed here "
                      "(--stall-timeout %g; this rank's last completed: %s); %s; exiting so "
                      "the launcher stops the job", self.who(), idle, self.timeout,

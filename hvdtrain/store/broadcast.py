@@ -37,8 +37,10 @@ ROOT_RANK = 0
 CHUNK_BYTES = 64 * 2 ** 20
 
 
-def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0) -> mx.nd.NDArray:
-    """Overwrite `array` on every rank with rank 0's, in place, through a sum-allreduce.
+def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0,
+               root_rank: int = ROOT_RANK) -> mx.nd.NDArray:
+    """Overwrite `array` on every rank with `root_rank`'s (0), in place, through a
+    sum-allreduce.
 
     Parameters
     ----------
@@ -51,6 +53,8 @@ def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0) -> mx.nd
         Names the collective; the same on every rank.
     priority : int, optional
         Higher runs earlier in MXNet's engine.
+    root_rank : int, optional
+        The rank whose values every rank receives.
 
     Returns
     -------
@@ -58,7 +62,7 @@ def broadcast_(hvd, array: mx.nd.NDArray, name: str, priority: int = 0) -> mx.nd
         `array`. Like Horovod's own calls this only queues the work in MXNet's engine:
         reading `array` waits for the result.
     """
-    if hvd.rank() != ROOT_RANK:
+    if hvd.rank() != root_rank:
         array[:] = 0
     hvd.allreduce_(array, op=hvd.Sum, name=name, priority=priority)
     return array

@@ -182,6 +182,18 @@ def shape_deferred(param) -> bool:
     return bool(param._deferred_init)  # pylint: disable=protected-access
 
 
+def after_deferred_init(param, then) -> None:
+    """Call ``then(param)`` right after Gluon initialises `param`, whose shape waits for a
+    first forward pass (:func:`shape_deferred`): Gluon has no public hook there."""
+    init_impl = param._init_impl  # pylint: disable=protected-access
+
+    def initialised(*args, **kwargs):
+        init_impl(*args, **kwargs)
+        then(param)
+
+    param._init_impl = initialised  # pylint: disable=protected-access
+
+
 def trainer_params(trainer) -> list:
     """The parameters `trainer` updates, in its order."""
     return list(trainer._params)  # pylint: disable=protected-access
@@ -432,6 +444,28 @@ def skip_first_step_broadcast(trainer) -> None:
     if not trainer._kv_initialized:
         trainer._init_kvstore()  # creates the store's bindings; no collective
     trainer._params_to_init = [p for p in trainer._params_to_init if p._deferred_init]
+
+
+def set_up_store_early(trainer) -> bool:
+    """Set `trainer`'s store up now, as its first step would before its broadcast (no
+    collective is made): a BucketedTrainer plans its buckets, so that a static graph that
+    runs backward from here on writes into them. Returns False, leaving it to the first
+    step, while a parameter has no data yet (deferred initialisation)."""
+    # pylint: disable=protected-access
+    if trainer._kv_initialized:
+        return True
+    if any(param._data is None for param in trainer._params):
+        return False
+    trainer._init_kvstore()
+    return True
+
+
+def broadcast_at_first_step(trainer, keep) -> None:
+    """Let `trainer`'s first step broadcast only the parameters ``keep(param)`` accepts
+    (``gluon.Trainer`` broadcasts every parameter through its store then): for arrays made
+    equal across ranks otherwise, such as running statistics averaged at that step."""
+    trainer._params_to_init = [p for p in trainer._params_to_init  # pylint: disable=protected-access
+                               if keep(p)]
 
 
 def model_store_url(file_name: str) -> str:

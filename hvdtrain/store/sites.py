@@ -65,6 +65,9 @@ SITES = {
                                            "checkpoint rank 0 found"),
     "checkpoint_handler.files": ("data", "estimator/checkpoint_handler.py: rank 0's "
                                          "checkpoint bytes"),
+    # horovod/
+    "horovod_step": ("data", "horovod/trainer.py: every rank's batch_size and the running "
+                             "statistics, after the step's exchange"),
     # eval_job, classify
     "eval_skipped": ("data", "eval_job.py: samples --eval-only skipped, summed"),
     "eval_report": ("data", "classify/eval_detail.py: the confusion matrix, summed"),

@@ -12,8 +12,8 @@ holds VAL samples (uneven over 2 and 3 ranks), the training split TRAIN. Besides
 sample carries what the other metrics read, given to them by the program's own metric
 handler (as GluonCV's scripts call ``metric.update`` themselves): a 4-class score and label
 for PCC (class 3 only in sample 0: one rank's confusion matrix grows larger than the
-others'), a segmentation's scores and labels, detections and ground truths for VOC mAP, and
-a regression's predictions and labels for MAE (updated directly, not through the
+others'), a segmentation's scores and labels, detections and ground truths for VOC mAP (its scores
+continuous, and in three values only: tied), and a regression's predictions and labels for MAE (updated directly, not through the
 Estimator). A kind that raises is reported as its error (the same on every rank) and the
 job goes on. Writes OUT_DIR/rank<R>.json (per kind: the book's fields as this rank reports
 them, the user's own object's get(), the validation count) and OUT_DIR/run/metrics.jsonl.
@@ -65,13 +65,19 @@ def make_data(count, seed):
     flip = rng.random(ids.shape) < 0.2
     data["det_id"] = np.where(flip, (ids + 1) % DET_CLASSES, ids).astype(np.float32)
     data["det_score"] = rng.random((count, BOXES)).astype(np.float32)
+    # The same, in three values only: ties, whose order decides which match counts first.
+    data["det_score_tied"] = np.round(data["det_score"] * 2) / 2
     data["reg_pred"] = rng.normal(size=(count, 2)).astype(np.float32)
     data["reg_label"] = rng.normal(size=(count, 2)).astype(np.float32)
     return data
 
 
 ORDER = ("x", "y", "mlabel", "mpred", "seg_pred", "seg_label", "det_bbox", "det_id",
-         "det_score", "gt_bbox", "gt_id", "reg_pred", "reg_label")
+         "det_score", "det_score_tied", "gt_bbox", "gt_id", "reg_pred", "reg_label")
+
+
+class TiedVOC(VOCMApMetric):
+    """VOC mAP given the tied scores (the records' order matters)."""
 
 
 def dataset(count, seed):
@@ -95,7 +101,8 @@ class RoutedMetrics(MetricHandler):
             elif isinstance(metric, SegmentationMetric):
                 metric.update(part["seg_label"], part["seg_pred"])
             elif isinstance(metric, VOCMApMetric):
-                metric.update(part["det_bbox"], part["det_id"], part["det_score"],
+                scores = "det_score_tied" if isinstance(metric, TiedVOC) else "det_score"
+                metric.update(part["det_bbox"], part["det_id"], part[scores],
                               part["gt_bbox"], part["gt_id"])
             elif isinstance(metric, mx.metric.MAE):
                 metric.update([part["reg_label"]], [part["reg_pred"]])
@@ -105,7 +112,7 @@ class RoutedMetrics(MetricHandler):
 
 # "loss" (Accuracy() and Loss() at validation) is what fit's validation evaluates.
 KINDS = ("composite", "f1_micro", "f1_macro", "mcc_micro", "mcc_macro", "pcc",
-         "segmentation", "voc", "mae_direct")
+         "segmentation", "voc", "voc_tied", "mae_direct")
 
 
 def metrics_of(kind):
@@ -117,7 +124,8 @@ def metrics_of(kind):
             "mcc_micro": lambda: mx.metric.MCC(average="micro"),
             "mcc_macro": lambda: mx.metric.MCC(average="macro"),
             "pcc": mx.metric.PCC, "segmentation": lambda: SegmentationMetric(SEG_CLASSES),
-            "voc": lambda: VOCMApMetric(iou_thresh=0.5), "mae_direct": mx.metric.MAE}[kind]()
+            "voc": lambda: VOCMApMetric(iou_thresh=0.5),
+            "voc_tied": lambda: TiedVOC(iou_thresh=0.5), "mae_direct": mx.metric.MAE}[kind]()
     return (made if isinstance(made, list) else [made]), made
 
 

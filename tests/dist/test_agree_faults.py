@@ -62,6 +62,8 @@ ELSEWHERE = {
     "eval_skipped": "test_eval_only_ranks.py (--eval-only)",
     "eval_report": "test_eval_only_ranks.py (--eval-only)",
     "hvdtrain.pulse": "test_pulse_after_error.py (the watchdog's own thread)",
+    "horovod_step": "test_horovod_face.py::test_a_frozen_or_dead_rank_ends_every_rank_"
+                    "within_the_stall_timeout[fault] (hvdtrain.horovod's step)",
     "check": "test_preflight.py (hvdtrain-check)",
     "elastic.commit": "unit/test_elastic_state.py (the switch in one process; no 3-rank "
                       "elastic job faults it: notes/63.md)",

@@ -71,8 +71,9 @@ def one_process(kind, ranks):
     elif kind == "segmentation":
         metric.update(whole("seg_label"), whole("seg_pred"))
         return list(metric.get())
-    elif kind == "voc":
-        metric.update(*(whole(n) for n in ("det_bbox", "det_id", "det_score", "gt_bbox",
+    elif kind in ("voc", "voc_tied"):  # the samples in order, as one process sees them
+        scores = "det_score_tied" if kind == "voc_tied" else "det_score"
+        metric.update(*(whole(n) for n in ("det_bbox", "det_id", scores, "gt_bbox",
                                            "gt_id")))
     elif kind == "mae_direct":  # one update: its mean per element, hvdtrain's value
         metric.update([whole("reg_label")], [whole("reg_pred")])
@@ -83,6 +84,7 @@ def one_process(kind, ranks):
 FIELDS = {"composite": ["accuracy", "cross_entropy"],
           "f1_micro": ["f1"], "f1_macro": ["f1"], "mcc_micro": ["mcc"], "mcc_macro": ["mcc"],
           "pcc": ["pcc"], "segmentation": ["pixacc", "miou"], "voc": ["vocmeanap"],
+          "voc_tied": ["vocmeanap"],
           "mae_direct": ["mae"]}
 
 

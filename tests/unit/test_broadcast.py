@@ -152,10 +152,14 @@ def test_no_program_of_the_project_calls_horovods_own_broadcast():
     hvdtrain.store.broadcast instead."""
     pattern = re.compile(r"\bhvd\.(broadcast\w*)\s*\(")
     shows_the_crash = REPO / "scripts" / "horovod_broadcast_race.py"
+    # Where `hvd` is hvdtrain.horovod, whose broadcasts are sums (the script's suite run
+    # under horovod.mxnet passes same_seed=1, which skips its broadcast).
+    face = {REPO / "tests" / "unit" / "test_horovod_api.py",
+            REPO / "tests" / "dist" / "horovod_script.py"}
     found = []
     for folder in ("hvdtrain", "scripts", "examples", "tests"):
         for path in sorted((REPO / folder).rglob("*.py")):
-            if path == shows_the_crash:
+            if path == shows_the_crash or path in face:
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if pattern.search(line) and not line.lstrip().startswith("#"):

@@ -23,7 +23,7 @@ LEVELS = [
     {"loop", "models"},
     {"estimator"},
     {"classify"},
-    {"check", "job", "serve"},
+    {"check", "job", "serve", "horovod"},
     {"eval_job"},
     {"cli", "__init__"},
 ]

@@ -98,7 +98,8 @@ def test_each_kind_of_metric_maps_to_its_state():
     assert state_of(mx.metric.PCC()).arrays == ("lcm", "gcm")
     assert state_of(mx.metric.Perplexity(None)) is MEAN
     assert state_of(SegmentationMetric(3)).arrays == ("total_inter", "total_union")
-    assert state_of(VOC07MApMetric()).records == ("_n_pos", "_score", "_match")
+    assert state_of(VOC07MApMetric()).records == ("_n_pos", "_score", "_match",
+                                                  "_hvdtrain_samples")
     assert state_of(mx.metric.MAE()).prepare is not None
 
     class Shifted(mx.metric.MAE):  # its own update: MXNet's per-batch means, summed

@@ -190,3 +190,35 @@ def test_every_training_step_and_evaluation_batch_beats_it(monkeypatch):
     assert training[-1] == "training step 12 (epoch 2)" and len(training) == 12
     assert evaluation == ["evaluation batch 1 (epoch 1)", "evaluation batch 2 (epoch 1)",
                           "evaluation batch 1 (epoch 2)", "evaluation batch 2 (epoch 2)"]
+
+
+def test_a_scripts_own_work_is_cut_short_only_when_the_pulse_goes_quiet(caplog):
+    """hvdtrain.horovod: between its calls a script validates or saves for as long as it
+    likes, without a warning; only a peer that stops answering the pulse ends it, and a
+    lone rank (no pulse) never."""
+    from hvdtrain.runtime.watchdog import SCRIPT_WORK  # pylint: disable=import-outside-toplevel
+    clock, exits = FakeClock(), []
+    alone = Watchdog(30, rank=0, clock=clock, exit=exits.append)
+    alone.busy_phase = SCRIPT_WORK
+    clock.now += 3600
+    with caplog.at_level(logging.WARNING, logger="hvdtrain"):
+        assert not alone.check()
+    dog = Watchdog(30, rank=0, clock=clock, exit=exits.append)
+    dog.pulse = object()  # a pulse runs: its rounds are what dog.heard reports
+    dog.busy_phase = SCRIPT_WORK
+    for _ in range(20):  # ten minutes of validation, every rank answering
+        clock.now += 30
+        dog.heard({0: f"{SCRIPT_WORK} (busy)", 1: f"{SCRIPT_WORK} (busy)"}, progress=True)
+        assert not dog.check()
+    assert exits == [] and caplog.text == ""
+    clock.now += 29
+    assert not dog.check()
+    clock.now += 2  # rank 1 stopped answering 31 s ago
+    with caplog.at_level(logging.ERROR, logger="hvdtrain"):
+        assert dog.check()
+    assert exits == [1] and "rank 1 stopped (frozen, dead or cut off)" in caplog.text
+    # After the script's work, inside a step: the usual rule (no progress anywhere).
+    dog.busy_phase, exits[:] = None, []
+    dog.heard({0: "training", 1: "training"}, progress=True)
+    clock.now += 31
+    assert dog.check() and exits == [1]

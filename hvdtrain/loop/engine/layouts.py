@@ -20,6 +20,8 @@ epoch's end names what it changes (:mod:`hvdtrain.loop.run.replica_check`).
 """
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Sequence
 
 import mxnet as mx
@@ -51,9 +53,11 @@ class InferenceLayouts:
         self.pending = False  # an inference pass ran since the last settle
         self.settled = 0  # how often parameters were settled (for tests and the docs)
         self._hooks = []
+        self._filters = []
         if mkldnn_enabled():
             for net in {id(net): net for net in nets if net is not None}.values():
                 self._hooks.append(net.register_forward_pre_hook(self._saw_pass))
+                self._filters.append(_quiet_rehybridize(net))
 
     def _saw_pass(self, _block, _inputs) -> None:
         if not autograd.is_training():
@@ -74,3 +78,22 @@ class InferenceLayouts:
         for hook in self._hooks:
             hook.detach()
         self._hooks = []
+        for entry in self._filters:
+            if entry in warnings.filters:
+                warnings.filters.remove(entry)
+        self._filters = []
+
+
+def _quiet_rehybridize(net):
+    """Ignore MXNet's warning that `net` "is being hybridized while still having forward
+    hook/pre-hook", and return the filter's entry (:data:`warnings.filters`).
+
+    The warning names the block by its whole repr, every layer: a script that hybridizes
+    again (GluonCV's SSD, each epoch) printed the model on every rank at each call. It
+    warns that a child's hooks stop running once its parent is hybridized; the hook here is
+    on the block that is called, where it still runs. Only the warning about a block of
+    `net`'s class is ignored (the message starts with that class's name)."""
+    warnings.filterwarnings(
+        "ignore", message=re.escape(f'"{type(net).__name__}(') +
+        r"[\s\S]*is being hybridized while still having forward hook", category=UserWarning)
+    return warnings.filters[0]

@@ -30,7 +30,8 @@ Registered here: MXNet's F1 and MCC (the confusion counts for ``average='micro'`
 ``'macro'``, each batch's counts summed by batch number over the ranks: MXNet's mean of the
 batches' scores, of the global batches, as one process at the global batch reports it), PCC (its confusion matrix), Perplexity, MAE, MSE, RMSE,
 and, by name (GluonCV is never imported), GluonCV's SegmentationMetric (intersections,
-unions and pixel counts) and VOCMApMetric / VOC07MApMetric (per-class records).
+unions and pixel counts) and VOCMApMetric / VOC07MApMetric (per-class records, merged in the
+order of the samples: :mod:`.detection_order`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from mxnet import metric as mx_metric
 
 from ...config import ConfigError
 from .batch_scores import BATCHES, batch_means, keep_batch_counts
+from .detection_order import SAMPLES, keep_sample_order, merge_in_sample_order
 from .element_errors import ERRORS, keep_element_errors, per_element
 
 
@@ -57,6 +59,9 @@ class MetricState:
     fields: Optional[Tuple[str, ...]] = None  # the record's field names (default: its name)
     values: Optional[Callable] = None  # values(metric) -> floats, one per field
     prepare: Optional[Callable] = None  # prepare(metric): once, when a book takes it
+    # merge(metric, [each rank's {record path: value}], strided) -> {path: value}, or None
+    # for the records merged rank by rank (records kept in sample order)
+    merge: Optional[Callable] = None
     refused: Optional[str] = None  # why this kind cannot be reduced (refused in one line)
 
     @property
@@ -235,7 +240,8 @@ def _voc_values(metric) -> List[float]:
     return metric.get()[1]
 
 
-VOC = MetricState(records=("_n_pos", "_score", "_match"), values=_voc_values)
+VOC = MetricState(records=("_n_pos", "_score", "_match", SAMPLES), values=_voc_values,
+                  prepare=keep_sample_order, merge=merge_in_sample_order)
 
 register_metric_state(mx_metric.F1, _binary("metrics", "average",
                                             lambda c, g: c.global_fscore if g else c.fscore))

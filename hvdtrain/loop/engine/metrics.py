@@ -72,12 +72,17 @@ class MetricBook:
     reserved : sequence of str
         The run's own field names of this split (without its prefix), which no metric may
         take.
+    strided : bool
+        How the split is cut over the ranks, for records kept in sample order: rank r's
+        n-th sample is the split's ``r + N n``-th (True), or rank r holds a block of its
+        own (False).
     """
 
     def __init__(self, metrics: Sequence, name: str = COLLECTIVE_NAME,
-                 reserved: Sequence[str] = ()):
+                 reserved: Sequence[str] = (), strided: bool = True):
         self.metrics = list(metrics)
         self.name = name
+        self.strided = strided
         self.leaves = [leaf for metric in self.metrics for leaf in leaves(metric)]
         self.states = [state_of(leaf) for leaf in self.leaves]
         taken = set(reserved)
@@ -168,6 +173,15 @@ class MetricBook:
                 continue
             for k, path in enumerate(state.arrays):
                 _set(leaf, path, sum_arrays([r[i][0][k] for r in ranks], leaf, path))
+            if state.merge is not None:
+                joined = state.merge(leaf, [{path: unpacked(r[i][1][k]) for k, path in
+                                             enumerate(state.records)} for r in ranks],
+                                     self.strided)
+                if joined is not None:
+                    for path, value in joined.items():
+                        _set(leaf, path, value)
+                    continue
+                ranks = [pickle.loads(p) for p in payloads]  # unpacked in place above
             for k, path in enumerate(state.records):
                 joined = unpacked(ranks[0][i][1][k])
                 for other in ranks[1:]:
