@@ -36,7 +36,6 @@ import random
 import zlib
 from typing import List, Tuple
 
-import mxnet as mx
 import numpy as np
 
 from .errors import DatasetError

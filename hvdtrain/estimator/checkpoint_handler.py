@@ -31,12 +31,12 @@ import os
 import tempfile
 
 import mxnet as mx
-import numpy as np
 from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
 
 from ..config import ConfigError
 from ..loop.run.together import write_together
 from ..state.writes import atomic_write
+from ..store.byte_exchange import broadcast_bytes
 from ..store.gluon_internals import set_optimizer_states
 
 __all__ = ["CheckpointHandler", "distributed"]
@@ -127,8 +127,8 @@ class CheckpointHandler(mx_handlers.CheckpointHandler):
                                   "scratch for %s", _length(estimator))
             return
         message = self._lower_length(estimator)
-        params = _broadcast_bytes(dist, files[0], params_size, "checkpoint_handler.files.params")
-        states = _broadcast_bytes(dist, files[1], states_size, "checkpoint_handler.files.states")
+        params = broadcast_bytes(dist, "checkpoint_handler.files.params", files[0], params_size)
+        states = broadcast_bytes(dist, "checkpoint_handler.files.states", files[1], states_size)
         _load_parameters(estimator.net, params, estimator.context)
         set_optimizer_states(estimator.trainer, states)
         mx.nd.waitall()
@@ -249,19 +249,6 @@ def _remove(model_dir, prefix, logger) -> None:
                 os.remove(os.path.join(model_dir, name))
             except OSError as err:
                 logger.warning("CheckpointHandler: could not remove %s: %s", name, err)
-
-
-def _broadcast_bytes(dist, blob: bytes, size: int, name: str) -> bytes:
-    """Rank 0's `blob` (`size` bytes, known on every rank) on every rank, through the
-    store's exact sum (every store has it): rank 0 sends its bytes as 32-bit words in
-    float64, which a sum with the other ranks' zeros keeps exact. Once, at a resume."""
-    if not size:
-        return b""
-    words = np.zeros(-(-size // 4), np.float64)
-    if dist.is_root:
-        words[:] = np.frombuffer(blob.ljust(words.size * 4, b"\0"), "<u4")
-    summed = dist.sum_across_workers(name, mx.nd.array(words, dtype="float64"))
-    return summed.asnumpy().astype("<u4").tobytes()[:size]
 
 
 def _load_parameters(net, blob: bytes, context) -> None:

@@ -318,7 +318,16 @@ class ShardedTrainer(BucketedTrainer):
                         f"step (grad_req='null' for those that take none), or drop "
                         f"shard_optimizer")
                 data._fresh_grad = False  # pylint: disable=protected-access
-        DistContext.from_store(self._kvstore).agree("shard_stale", stale)
+        try:
+            DistContext.from_store(self._kvstore).agree("shard_stale", stale)
+        except mx.base.MXNetError as err:
+            # Only a lost peer fails this sum (Horovod shut down): said as a failed
+            # collective inside a step is, so that an elastic loop rolls back and resets.
+            # Imported here: importing horovod at hvdtrain's import is refused (test_layout).
+            from horovod.common import exceptions  # pylint: disable=import-outside-toplevel
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            raise exceptions.HorovodInternalError(lines[-1] if lines else "shard_stale") \
+                from err
         self._settle()
         self._resting = None  # from here on only a gather knows the whole state
         self.shard_updater.optimizer = self._optimizer

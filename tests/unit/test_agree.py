@@ -149,7 +149,7 @@ def test_an_unregistered_site_is_refused():
 
 # A call that names a collective: its name's first part (up to a '.' or '{') is a site.
 CALLS = re.compile(r"(?:sum_across_workers|\.agree|agreement|Agreement|agree|fault_point|"
-                   r"_broadcast_bytes)\(\s*(?:[a-z_]+,\s*)*f?\"([a-z_.]+)")
+                   r"broadcast_bytes|gather_bytes)\(\s*(?:[a-z_]+,\s*)*f?\"([a-z_.]+)")
 # Names held in constants, resolved here (module, constant -> its value's site).
 CONSTANTS = re.compile(r"^([A-Z_]*(?:COLLECTIVE|PULSE)_NAME) = \"([a-z_.]+)", re.M)
 

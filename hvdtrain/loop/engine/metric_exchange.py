@@ -1,30 +1,10 @@
 """How a :class:`~.metrics.MetricBook` moves the metric states that are not plain numbers:
-every rank's bytes through one exact sum, arrays summed element by element, records merged.
-The same result on every rank (rank order throughout)."""
+arrays summed element by element, records merged (every rank's bytes travel through
+:func:`hvdtrain.store.byte_exchange.gather_bytes`). The same result on every rank (rank
+order throughout)."""
 from __future__ import annotations
 
-from typing import List
-
-import mxnet as mx
 import numpy as np
-
-from ...store.dist import DistContext
-
-
-def gather_bytes(dist: DistContext, name: str, mine: bytes, lengths: List[int]) -> List[bytes]:
-    """Every rank's bytes (`lengths`: each rank's count), through one sum: each rank puts
-    its own, four bytes to a float64 (exact), in its own place of a zeroed buffer."""
-    words = [-(-n // 4) for n in lengths]
-    starts = np.cumsum([0] + words)
-    buffer = np.zeros(int(starts[-1]), np.float64)
-    rank = dist.rank
-    padded = mine + b"\0" * (4 * words[rank] - len(mine))
-    buffer[starts[rank]:starts[rank + 1]] = np.frombuffer(padded, "<u4")
-    if buffer.size:  # the lengths are every rank's alike: so is the size
-        buffer = dist.sum_across_workers(f"metric_records.{name}", mx.nd.array(
-            buffer, dtype="float64")).asnumpy()
-    return [buffer[starts[r]:starts[r + 1]].astype("<u4").tobytes()[:lengths[r]]
-            for r in range(dist.num_workers)]
 
 
 def sum_arrays(values: list, metric, path: str):

@@ -32,7 +32,8 @@ import numpy as np
 
 from ...config import ConfigError
 from ...store.dist import DistContext
-from .metric_exchange import gather_bytes, merged, packed, sum_arrays, unpacked
+from ...store.byte_exchange import gather_bytes
+from .metric_exchange import merged, packed, sum_arrays, unpacked
 from .metric_states import field_name, fields_of, leaves, state_of, values_of
 
 COLLECTIVE_NAME = "metric_sums"
@@ -156,7 +157,7 @@ class MetricBook:
             _set(leaf, path, _like(was, total))
         if gathered:
             at = len(numbers)
-            self._combine(gather_bytes(dist, self.name, payload,
+            self._combine(gather_bytes(dist, f"metric_records.{self.name}", payload,
                                         [int(n) for n in summed[at:at + dist.num_workers]]))
         for leaf, state in zip(self.leaves, self.states):
             if state.after is not None:

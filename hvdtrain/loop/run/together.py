@@ -21,8 +21,6 @@ from __future__ import annotations
 import logging
 from typing import Callable, List, Optional
 
-import mxnet as mx
-
 from ...config import EXIT_PREEMPTED
 from ...state.writes import OutputError
 from ...store.agree import leave
