@@ -18,6 +18,7 @@ Horovod store, and each ``step(batch_size)`` (or ``update(batch_size)`` after
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Optional
@@ -39,6 +40,7 @@ from ..store.gluon_internals import (after_deferred_init, broadcast_at_first_ste
 from ..store.kvstore import HorovodKVStore
 from . import session as sessions
 
+logger = logging.getLogger("hvdtrain")
 BUCKET_MB = default_of(RunConfig.__dataclass_fields__["grad_bucket_mb"])
 
 
@@ -124,6 +126,13 @@ class DistributedTrainer(BucketedTrainer):
         averaged = {id(param) for param in self._statistic_params}
         broadcast_at_first_step(self, lambda param: id(param) not in averaged)
         self._statistics = bool(self._statistic_params)
+        # Parameters no gradient reaches that are not known statistics: frozen ones, or a
+        # SymbolBlock's auxiliary states, which only the net could tell apart. Those the
+        # forward pass moves between the first two steps are statistics from then on.
+        self._unknown = [p for p in trainer_params(self) if p.grad_req == "null"
+                         and id(p) not in averaged
+                         and np.issubdtype(np.dtype(p.dtype), np.floating)]
+        self._snapshot = None
         self._float_statistics = all(np.issubdtype(np.dtype(p.dtype), np.floating)
                                      for p in self._statistic_params)
         # The buckets planned now if the shapes are known, else as soon as Gluon knows the
@@ -169,6 +178,8 @@ class DistributedTrainer(BucketedTrainer):
         dist = self._session.dist
         if dist.num_workers == 1:
             return float(batch_size)
+        if self._unknown:
+            self._find_moved_statistics(dist)
         if not self._float_statistics:  # an integer statistic: the engine's exact path
             count = mx.nd.array([float(batch_size)], dtype="float64")
             if self._statistics:
@@ -177,6 +188,26 @@ class DistributedTrainer(BucketedTrainer):
             return float(dist.sum_across_workers(f"horovod_step.{count.size}",
                                                  count).asscalar())
         return _sum_count_average_statistics(self._statistic_params, batch_size, dist)
+
+    def _find_moved_statistics(self, dist) -> None:
+        """First step: copy the parameters of :attr:`_unknown`; second step: those any rank's
+        forward pass moved since (one agreed vector) join the statistics averaged each
+        step, in the same order on every rank."""
+        if self._snapshot is None:
+            self._snapshot = [p.data().copy() for p in self._unknown]
+            return
+        moved = mx.nd.array([float((p.data() != was).sum().asscalar() > 0)
+                             for p, was in zip(self._unknown, self._snapshot)])
+        moved = dist.sum_across_workers(f"horovod_step.moved.{moved.size}", moved).asnumpy()
+        found = [p for p, flag in zip(self._unknown, moved) if flag > 0]
+        self._unknown, self._snapshot = [], None
+        if found:
+            self._statistic_params = sorted(self._statistic_params + found,
+                                            key=lambda param: param.name)
+            self._statistics = True
+            logger.info("%d arrays no gradient reaches moved in the forward pass (a "
+                        "SymbolBlock's auxiliary states): averaged at each step from now on",
+                        len(found))
 
     def check_replicas(self, where: str) -> Optional[object]:
         """Compare every array (weights, optimizer state, running statistics) across the

@@ -11,7 +11,8 @@ export of every array after it (OUT_DIR/rank<R>-epoch<E>.npz). Options: ``epochs
 ``hang`` / ``die`` / ``nudge`` (``rank:step``: that rank stops for ever / exits / moves a
 weight of its own after that step),
 ``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``), ``same_seed=1``
-(every rank initialised alike, no broadcast).
+(every rank initialised alike, no broadcast), ``symbol=1`` (a SymbolBlock with a BatchNorm
+first).
 
 Writes OUT_DIR/rank<R>.json: the validation accuracy each epoch, the steps taken.
 """
@@ -29,8 +30,19 @@ from mxnet import autograd, gluon
 BATCH, SAMPLES, VAL, SEED = 8, 3 * 16 + 5, 24, 3  # the last global batch: 5 samples
 
 
-def build_net():
+def symbol_block():
+    """A convolution and a BatchNorm brought in as a symbol (as GluonCV's SSD brings its
+    feature expander): the BatchNorm's statistics are the graph's auxiliary states."""
+    data = mx.sym.var("data")
+    out = mx.sym.BatchNorm(mx.sym.Convolution(data, num_filter=3, kernel=(3, 3), pad=(1, 1),
+                                              no_bias=True, name="sym_conv"), name="sym_bn")
+    return gluon.SymbolBlock(out, data)
+
+
+def build_net(symbol=False):
     net = gluon.nn.HybridSequential()
+    if symbol:
+        net.add(symbol_block())
     net.add(gluon.nn.Conv2D(6, 3, padding=1), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"),
             gluon.nn.MaxPool2D(2), gluon.nn.Conv2D(8, 3), gluon.nn.BatchNorm(),
             gluon.nn.Activation("relu"), gluon.nn.Dense(5))
@@ -64,8 +76,14 @@ def main(out_dir, module, options):
     # Each rank's own initial weights, which the broadcast must fix; or (same_seed=1) the
     # same everywhere and no broadcast: Horovod's own can crash a rank (store/broadcast.py).
     mx.random.seed(SEED + (0 if same_seed else rank))
-    net = build_net()
-    net.initialize(mx.init.Xavier())
+    symbol = options.get("symbol") == "1"
+    net = build_net(symbol)
+    if symbol:  # a SymbolBlock's BatchNorm has no initializers of its own: Xavier takes no vector
+        net.collect_params("sym_bn_gamma|sym_bn_moving_var").initialize(mx.init.One())
+        net.collect_params("sym_bn_beta|sym_bn_moving_mean").initialize(mx.init.Zero())
+        net.collect_params("^(?!sym_bn).*").initialize(mx.init.Xavier())
+    else:
+        net.initialize(mx.init.Xavier())
     net.hybridize()
     params = net.collect_params()
     if not same_seed:

@@ -185,3 +185,16 @@ def test_a_replica_that_drifts_is_named_then_resynced_or_stops_the_job(policy, t
     else:
         assert proc.returncode != 0
         assert len(lines) == 2 and all("error" in line for line in lines), proc.stdout[-3000:]
+
+
+def test_a_symbol_blocks_statistics_are_the_same_on_every_rank(tmp_path):
+    """A SymbolBlock's BatchNorm (its statistics are auxiliary states the trainer cannot tell
+    from frozen parameters until the forward pass moves them): equal on both ranks after
+    each epoch, as BatchNorm's own."""
+    proc = _run(tmp_path, "hvdtrain.horovod", "epochs=2", "symbol=1")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    for epoch in range(2):
+        a, b = (_arrays(tmp_path, r, epoch) for r in (0, 1))
+        assert any("moving_mean" in name for name in a), sorted(a)
+        differ = [name for name in a if not np.array_equal(a[name], b[name])]
+        assert not differ, f"epoch {epoch}: {differ}"
