@@ -20,7 +20,8 @@ def test_removing_batch1_keeps_batch10_to_19(tmp_path):
     x = rng.normal(size=(BATCHES * BATCH, 3)).astype(np.float32)
     y = x[:, :1] * 2
     mx.random.seed(1)
-    net = gluon.nn.Dense(1)
+    # A prefix of its own: the global "dense" counter left alone for the tests after it.
+    net = gluon.nn.Dense(1, prefix="removal_")
     net.initialize()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
     estimator = Estimator(net, gluon.loss.L2Loss(), trainer=trainer, context=mx.cpu(),
