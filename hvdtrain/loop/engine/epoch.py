@@ -34,7 +34,7 @@ from .batches import clear_gradients, settle_idle_devices
 from .counts import LeftOut, StepCounts, check_bad_samples
 from .divisors import StepDivisors, as_parts, check_divisor
 from .guard import FiniteGuard
-from .step_seeds import seed_step
+from .step_seeds import StepSeeds
 from ...report.progress import progress_bar
 from ...runtime.watchdog import Watchdog
 from ...state import compression_state
@@ -121,7 +121,7 @@ class Loop:
     # Settles MKL-DNN's weight layouts after an inference pass, before a step (.layouts).
     layouts: Optional[object] = None
     # The run's seed: MXNet's generators are seeded from it, the rank and the step before
-    # every step (.step_seeds); None leaves them alone.
+    # every step that draws random numbers (.step_seeds); None leaves them alone.
     seed: Optional[int] = None
 
 
@@ -161,6 +161,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
         boundary is not None or hasattr(loader, "skipped") or divides))
     end_asked, ended = False, False  # a batch handler asked to end the epoch
+    seeds = StepSeeds(loop.seed, dist.rank, loop.devices, loop.net, loop.processor)
     start = time.perf_counter()
     for batch_number, batch in enumerate(loader, 1):
         if (batch_number - 1) % accumulate == 0:  # the first micro-batch of a step
@@ -174,8 +175,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
                 break
             if loop.layouts is not None:  # an evaluation or a handler's prediction ran
                 loop.layouts.settle()
-            if loop.seed is not None:  # what this step draws, whether resumed or not
-                seed_step(loop.seed, dist.rank, state.step, loop.devices)
+            seeds.before_step(state.step)  # what it draws, whether resumed or not
             if loop.lr_for_step is not None:
                 # The schedule follows the position in the epoch, so it does not depend on
                 # how many workers earlier epochs ran with.
@@ -257,6 +257,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         step_used, step_skipped, step_consumed = 0, 0, 0
         steps += 1
         state.step += 1
+        seeds.after_step()
         loop.guard.check(state.step)
         if left_out:  # the same global figures on every rank: all stop together
             check_bad_samples("training", state.epoch_skipped, loop.train_size,
@@ -317,7 +318,7 @@ def _loss_sum(losses, device) -> mx.nd.NDArray:
     """A batch's losses (an NDArray or a list of them, one per device) summed into a (1,)
     float32 NDArray on `device`, not waited for."""
     losses = losses if isinstance(losses, (list, tuple)) else [losses]
-    parts = [l.sum().astype("float32").as_in_context(device) for l in losses]
+    parts = [l.sum().astype("float32", copy=False).as_in_context(device) for l in losses]
     return mx.nd.add_n(*parts) if len(parts) > 1 else parts[0]
 
 
