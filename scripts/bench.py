@@ -27,11 +27,14 @@ import os
 import sys
 
 import bench_link
+import bench_small
 from bench_runs import Results, hold_machine_lock, measure_until_stopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 WORKER = [sys.executable, os.path.join(HERE, "bench_worker.py")]
+SMALL = [sys.executable, os.path.join(HERE, "bench_small.py")]
+PHASES = [sys.executable, os.path.join(HERE, "bench_step_phases.py")]
 
 
 def horovodrun(np_):
@@ -204,11 +207,30 @@ def main():
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
+    print("\nthe step's fixed cost: a 64-256-256-1 MLP, batch 32 a rank (scripts/bench_small.py):")
+    print(bench_small.table([r for r in results.small if r["row"] == "small MLP"]))
+    for row in (r for r in results.small if r["row"] == "step phases"):
+        print(f"  hvdtrain's step at {row['ranks']} rank(s), {row['step_us']:.0f} us: " + ", ".join(
+            f"{phase} {us:.0f}" for phase, us in row["phases_us"].items()))
     print(f"\nwritten to {args.json}")
+
+
+def small_rows(args, runs, results):
+    """The step's fixed cost (issue 64): the small MLP against the plain loops, then where
+    hvdtrain's step goes, phase by phase, at 1 and 2 ranks."""
+    rounds, steps = (1, 50) if args.quick else (3, 300)
+    results.small = bench_small.measure_rows(runs, SMALL, horovodrun, rounds, steps)
+    results.write(complete=False)
+    for ranks in (0, 2):
+        records = runs.collect([runs.start((horovodrun(ranks) if ranks else []) + PHASES + (
+            ["--steps", "50"] if args.quick else []))])
+        results.small.append(dict(row="step phases", **records[0]))
+    results.write(complete=False)
 
 
 def measure_all(args, tmp, runs, results):
     """Every row, then the allreduce microbenchmark, each added to `results` as it ends."""
+    small_rows(args, runs, results)
     from hvdtrain.data.datasets import write_cifar_files
     # Two ranks each need warm-up + timed steps of 64 images within one pass.
     write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (args.steps + 6)), num_test=64)

@@ -15,11 +15,17 @@ computes so little that whatever a loop does per step shows.
 
 ``--dropout P`` puts Dropout(P) after the first layer. Each run times ``--steps`` steps
 after ``--warmup``, the engine drained (``mx.nd.waitall``) at both ends, and writes
-``PREFIX.rank<R>.json`` with its steps per second. scripts/bench.py alternates the loops.
+``PREFIX.rank<R>.json`` with its steps per second. scripts/bench.py runs the rows of
+:data:`ROWS` (:func:`measure_rows`): in each round every loop of a row once, one after the
+other, so that the loops being compared see the same load; each loop's median over the
+rounds, and the median of its per-round ratios to the row's first loop (the plain one).
+Every process runs with ``OMPI_MCA_mpi_yield_when_idle=1``, which hvdtrain sets for itself:
+a plain loop whose Open MPI spins while it waits runs many times slower on two cores.
 """
 import argparse
 import json
 import os
+import statistics
 import time
 
 import mxnet as mx
@@ -129,6 +135,51 @@ def estimator_loop(args, clock, hvd, ours):
     sampler = list(range(hvd.rank(), len(data), size))
     loader = gluon.data.DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     est.fit(loader, batches=steps, event_handlers=[clock_handler(clock)])
+
+
+# (ranks: 0 = one process with no launcher, else under horovodrun -np N; dropout; the loops
+# compared, the plain one first).
+ROWS = [
+    (2, 0.0, ("horovod", "hvdtrain", "estimator")),
+    (2, 0.1, ("horovod", "hvdtrain")),
+    (1, 0.0, ("horovod", "hvdtrain")),
+    (0, 0.0, ("gluon", "hvdtrain")),
+]
+
+
+def measure_rows(runs, worker, horovodrun, rounds, steps):
+    """The rows of :data:`ROWS`, each loop run `rounds` times interleaved with the others
+    of its row; `worker` is this script's command, `horovodrun(n)` the launcher's."""
+    runs = runs.with_env({"OMPI_MCA_mpi_yield_when_idle": "1"})
+    rows = []
+    for ranks, dropout, loops in ROWS:
+        rates = {loop: [] for loop in loops}
+        for _ in range(rounds):
+            for loop in loops:
+                cmd = (horovodrun(ranks) if ranks else []) + worker + [
+                    "--impl", loop, "--dropout", str(dropout), "--steps", str(steps)]
+                records = runs.collect([runs.start(cmd)])
+                rates[loop].append(min(r["steps_per_sec"] for r in records))
+        plain = rates[loops[0]]
+        for loop in loops:
+            rows.append({
+                "row": "small MLP", "ranks": ranks or 1,
+                "launcher": "horovodrun" if ranks else "none", "dropout": dropout,
+                "loop": loop, "steps_per_sec": statistics.median(rates[loop]),
+                "rounds": rates[loop],
+                "vs_plain": statistics.median(a / b for a, b in zip(rates[loop], plain)),
+                "load_average": os.getloadavg()[0]})
+    return rows
+
+
+def table(rows):
+    lines = ["ranks | launcher | dropout | loop | steps/s (median) | x the plain loop "
+             "(median of rounds) | load"]
+    for r in rows:
+        lines.append(f"{r['ranks']} | {r['launcher']} | {r['dropout']:g} | {r['loop']} | "
+                     f"{r['steps_per_sec']:.1f} | {r['vs_plain']:.2f} | "
+                     f"{r['load_average']:.1f}")
+    return "\n".join(lines)
 
 
 def main():

@@ -9,7 +9,10 @@ inside another is taken out of the outer one's); what is left of the step is "th
 own". MXNet runs operators in its engine's threads: a phase is what it costs the main thread
 to dispatch its work, plus any wait for the engine or the peers it makes (reading the step's
 counts waits for the other rank's). The same names exist in hvdtrain before issue 64, so the
-script measures the code found first on PYTHONPATH. Writes ``PREFIX.rank<R>.json``.
+script measures the code found first on PYTHONPATH. Times are noisy on a shared machine;
+beside them each phase's count of MXNet operators dispatched (imperative calls and graph
+runs) and of host waits (a read to the host, an array made from the host's values, a wait
+for an array) a step, which do not depend on the load. Writes ``PREFIX.rank<R>.json``.
 """
 import argparse
 import json
@@ -54,50 +57,71 @@ PHASES = {
 }
 
 
+# MXNet's C calls counted, by what they are.
+COUNTED = {"MXImperativeInvokeEx": "ops", "MXInvokeCachedOpEx": "ops",
+           "MXNDArraySyncCopyToCPU": "waits", "MXNDArraySyncCopyFromCPU": "waits",
+           "MXNDArrayWaitToRead": "waits", "MXNDArrayWaitToWrite": "waits",
+           "MXNDArrayWaitAll": "waits"}
+
+
 class Clocks:
-    """Own time per phase: a call inside another's is taken out of the outer one."""
+    """Own time per phase: a call inside another's is taken out of the outer one; and the
+    operators and host waits of each phase (outside any: "the loop's own")."""
 
     def __init__(self):
         self.totals = defaultdict(float)
+        self.counts = defaultdict(int)  # (phase, "ops" or "waits") -> calls
         self.stack = []  # [phase, time spent in calls inside it]
         self.on = False
 
-    def wrap(self, phase, function):
-        clocks = self
+    def count_calls(self):
+        """Count MXNet's C calls of :data:`COUNTED` by the phase they are made in."""
+        from mxnet.base import _LIB
+        for name, kind in COUNTED.items():
+            self._count(_LIB, name, kind)
 
+    def _count(self, lib, name, kind):
+        function = getattr(lib, name)
+
+        def counted(*args):
+            if self.on:
+                phase = self.stack[-1][0] if self.stack else "the loop's own"
+                self.counts[(phase, kind)] += 1
+            return function(*args)
+        setattr(lib, name, counted)
+
+    def enter(self, phase):
+        self.stack.append([phase, 0.0])
+        return time.perf_counter()
+
+    def leave(self, start):
+        spent = time.perf_counter() - start
+        phase, inner = self.stack.pop()
+        if self.on:
+            self.totals[phase] += spent - inner
+        if self.stack:
+            self.stack[-1][1] += spent
+
+    def wrap(self, phase, function):
         def timed(*args, **kwargs):
-            clocks.stack.append([phase, 0.0])
-            start = time.perf_counter()
+            start = self.enter(phase)
             try:
                 return function(*args, **kwargs)
             finally:
-                spent = time.perf_counter() - start
-                _, inner = clocks.stack.pop()
-                if clocks.on:
-                    clocks.totals[phase] += spent - inner
-                if clocks.stack:
-                    clocks.stack[-1][1] += spent
+                self.leave(start)
         return timed
 
     def wrap_iterator(self, phase, method):
-        clocks = self
-
         def timed_iter(loader):
             iterator = method(loader)
             while True:
-                clocks.stack.append([phase, 0.0])
-                start = time.perf_counter()
+                start = self.enter(phase)
                 try:
                     item = next(iterator)
                 except StopIteration:
                     return
                 finally:
-                    spent = time.perf_counter() - start
-                    _, inner = clocks.stack.pop()
-                    if clocks.on:
-                        clocks.totals[phase] += spent - inner
-                    if clocks.stack:
-                        clocks.stack[-1][1] += spent
+                    self.leave(start)
                 yield item
         return timed_iter
 
@@ -129,6 +153,7 @@ def main():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     clocks = Clocks()
     wrapped = instrument(clocks)
+    clocks.count_calls()
     from mxnet.gluon.contrib.estimator.event_handler import BatchEnd
     from hvdtrain.estimator import Estimator
     marks = {}
@@ -155,8 +180,12 @@ def main():
     step_us = 1e6 * (marks[args.warmup + args.steps] - marks[args.warmup]) / args.steps
     phases = {phase: 1e6 * clocks.totals.get(phase, 0.0) / args.steps for phase in PHASES}
     phases["the loop's own"] = step_us - sum(phases.values())
+    per_step = {kind: {phase: clocks.counts.get((phase, kind), 0) / args.steps
+                       for phase in phases} for kind in ("ops", "waits")}
     record = {"rank": est.rank, "ranks": est.dist.num_workers, "step_us": step_us,
-              "phases_us": phases, "wrapped": wrapped, "dropout": args.dropout}
+              "phases_us": phases, "ops_per_step": per_step["ops"],
+              "waits_per_step": per_step["waits"], "wrapped": wrapped,
+              "dropout": args.dropout}
     with open(f"{args.out}.rank{est.rank}.json", "w") as out:
         json.dump(record, out, indent=1)
 

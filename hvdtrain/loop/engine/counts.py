@@ -57,6 +57,9 @@ def check_bad_samples(what: str, skipped: int, total: int, limit: str, examples:
                        f"{named}. {advice}")
 
 
+KEPT_VECTORS = 64  # distinct count vectors kept (a step's values: almost always the same)
+
+
 class StepCounts:
     """The global count of samples behind each optimizer step, of those left out, and the
     sum of every rank's vote.
@@ -79,6 +82,7 @@ class StepCounts:
         self._pending: Optional[mx.nd.NDArray] = None
         self._local: Tuple[int, int, Tuple[int, ...]] = (0, 0, ())
         self._local_divisor: Optional[float] = None
+        self._vectors: dict = {}  # (values, dtype) -> an array of them, never sent itself
         # The step's loss divisor summed over the workers, set by result() when submitted
         # with one (divisors.py): what the summed gradient is divided by besides the count.
         self.divisor: Optional[float] = None
@@ -91,10 +95,18 @@ class StepCounts:
         self._local, self._local_divisor = (used, skipped, tuple(votes)), divisor
         if self.exchange:
             if divisor is None:
-                counts = mx.nd.array([used, skipped, *votes])  # float32: exact to 2**24
+                values, dtype = (used, skipped, *votes), "float32"  # exact to 2**24
             else:  # valid pixels pass 2**24 in a batch: float64, exact to 2**53
-                counts = mx.nd.array([used, skipped, divisor, *votes], dtype="float64")
-            self._pending = self.dist.sum_across_workers("step_counts", counts)
+                values, dtype = (used, skipped, divisor, *votes), "float64"
+            # Summed in place: a copy of the vector, made by the engine (an array made from
+            # the host's values waits for the engine's queue: a host sync every step). Most
+            # steps send the same values, so the vectors are kept.
+            vector = self._vectors.get((values, dtype))
+            if vector is None:
+                if len(self._vectors) >= KEPT_VECTORS:
+                    self._vectors.clear()
+                vector = self._vectors[(values, dtype)] = mx.nd.array(values, dtype=dtype)
+            self._pending = self.dist.sum_across_workers("step_counts", vector.copy())
 
     def result(self) -> Tuple[int, int, Tuple[int, ...]]:
         """(used, skipped, votes) of the step over all workers, and ``divisor`` set; waits
