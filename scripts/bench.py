@@ -1,5 +1,10 @@
 """`make bench`: hvdtrain against the plain Horovod loop, measured in one run on this machine.
 
+After the main rows, the step's fixed cost on a small MLP (scripts/bench_small.py: hvdtrain against the
+plain Horovod and Gluon loops and MXNet's Estimator with hvd.DistributedTrainer, at 1 and
+2 ranks, with and without Dropout; then scripts/bench_step_phases.py: where hvdtrain's step
+goes, phase by phase).
+
 For each loop (plain, hvdtrain) and data (synthetic; CIFAR-format binary files generated here,
 with augmentation): one rank alone, two ranks under horovodrun, and two independent one-rank
 processes at the same time (the denominator of scaling efficiency). Then an instrumented
@@ -230,7 +235,6 @@ def small_rows(args, runs, results):
 
 def measure_all(args, tmp, runs, results):
     """Every row, then the allreduce microbenchmark, each added to `results` as it ends."""
-    small_rows(args, runs, results)
     from hvdtrain.data.datasets import write_cifar_files
     # Two ranks each need warm-up + timed steps of 64 images within one pass.
     write_cifar_files(tmp, num_train=max(8192, 2 * 64 * (args.steps + 6)), num_test=64)
@@ -238,6 +242,7 @@ def measure_all(args, tmp, runs, results):
     for data in ("synthetic", "cifar"):
         for impl in ("plain", "hvdtrain"):
             results.add(measure(runs, impl, data, common, rounds=args.rounds))
+    small_rows(args, runs, results)
     for label, (data, env_extra, flags) in BEFORE.items():
         results.add(measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
                             rounds=args.rounds))

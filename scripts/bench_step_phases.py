@@ -144,13 +144,8 @@ def instrument(clocks):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
-    args = p.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = bench_small.parse(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]),
+                             steps=400, warmup=30)
     clocks = Clocks()
     wrapped = instrument(clocks)
     clocks.count_calls()
@@ -169,13 +164,13 @@ def main():
                 marks[self.batches] = time.perf_counter()
                 clocks.on = self.batches == args.warmup
 
-    args.batch_size = 32
     net = bench_small.make_net(args.dropout)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01,
                                                           "momentum": 0.9})
     est = Estimator(net, gluon.loss.L2Loss(), train_metrics=mx.metric.RMSE(), trainer=trainer,
                     max_steps=args.warmup + args.steps)
-    loader = gluon.data.DataLoader(bench_small.make_data(args), batch_size=32, shuffle=True)
+    loader = gluon.data.DataLoader(bench_small.make_data(args), batch_size=args.batch_size,
+                                   shuffle=True)
     est.fit(loader, epochs=1, event_handlers=[Mark()])
     step_us = 1e6 * (marks[args.warmup + args.steps] - marks[args.warmup]) / args.steps
     phases = {phase: 1e6 * clocks.totals.get(phase, 0.0) / args.steps for phase in PHASES}
