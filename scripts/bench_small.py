@@ -183,13 +183,12 @@ def table(rows):
 
 
 def parse(parser, steps, warmup):
-    """`parser`'s arguments and a run's own (the MLP's dropout and batch, the steps timed,
-    the output prefix), parsed; one OpenMP thread unless set."""
+    """`parser`'s arguments (the output prefix among them) and a run's own (the MLP's
+    dropout and batch, the steps timed), parsed; one OpenMP thread unless set."""
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--warmup", type=int, default=warmup)
-    parser.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return parser.parse_args()
 
@@ -198,6 +197,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", choices=("hvdtrain", "horovod", "estimator", "gluon"),
                    required=True)
+    p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
     args = parse(p, steps=300, warmup=20)
     hvd = None
     if args.impl != "gluon" and args.impl != "hvdtrain":

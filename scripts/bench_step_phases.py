@@ -144,8 +144,9 @@ def instrument(clocks):
 
 
 def main():
-    args = bench_small.parse(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]),
-                             steps=400, warmup=30)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="write PREFIX.rank<R>.json")
+    args = bench_small.parse(p, steps=400, warmup=30)
     clocks = Clocks()
     wrapped = instrument(clocks)
     clocks.count_calls()
