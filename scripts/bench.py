@@ -1,5 +1,10 @@
 """`make bench`: hvdtrain against the plain Horovod loop, measured in one run on this machine.
 
+After the main rows, the step's fixed cost on a small MLP (scripts/bench_small.py: hvdtrain against the
+plain Horovod and Gluon loops and MXNet's Estimator with hvd.DistributedTrainer, at 1 and
+2 ranks, with and without Dropout; then scripts/bench_step_phases.py: where hvdtrain's step
+goes, phase by phase).
+
 For each loop (plain, hvdtrain) and data (synthetic; CIFAR-format binary files generated here,
 with augmentation): one rank alone, two ranks under horovodrun, and two independent one-rank
 processes at the same time (the denominator of scaling efficiency). Then an instrumented
@@ -27,11 +32,14 @@ import os
 import sys
 
 import bench_link
+import bench_small
 from bench_runs import Results, hold_machine_lock, measure_until_stopped
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 WORKER = [sys.executable, os.path.join(HERE, "bench_worker.py")]
+SMALL = [sys.executable, os.path.join(HERE, "bench_small.py")]
+PHASES = [sys.executable, os.path.join(HERE, "bench_step_phases.py")]
 
 
 def horovodrun(np_):
@@ -204,7 +212,25 @@ def main():
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
+    print("\nthe step's fixed cost: a 64-256-256-1 MLP, batch 32 a rank (scripts/bench_small.py):")
+    print(bench_small.table([r for r in results.small if r["row"] == "small MLP"]))
+    for row in (r for r in results.small if r["row"] == "step phases"):
+        print(f"  hvdtrain's step at {row['ranks']} rank(s), {row['step_us']:.0f} us: " + ", ".join(
+            f"{phase} {us:.0f}" for phase, us in row["phases_us"].items()))
     print(f"\nwritten to {args.json}")
+
+
+def small_rows(args, runs, results):
+    """The step's fixed cost (issue 64): the small MLP against the plain loops, then where
+    hvdtrain's step goes, phase by phase, at 1 and 2 ranks."""
+    rounds, steps = (1, 50) if args.quick else (3, 300)
+    results.small = bench_small.measure_rows(runs, SMALL, horovodrun, rounds, steps)
+    results.write(complete=False)
+    for ranks in (0, 2):
+        records = runs.collect([runs.start((horovodrun(ranks) if ranks else []) + PHASES + (
+            ["--steps", "50"] if args.quick else []))])
+        results.small.append(dict(row="step phases", **records[0]))
+    results.write(complete=False)
 
 
 def measure_all(args, tmp, runs, results):
@@ -216,6 +242,7 @@ def measure_all(args, tmp, runs, results):
     for data in ("synthetic", "cifar"):
         for impl in ("plain", "hvdtrain"):
             results.add(measure(runs, impl, data, common, rounds=args.rounds))
+    small_rows(args, runs, results)
     for label, (data, env_extra, flags) in BEFORE.items():
         results.add(measure(runs.with_env(env_extra), "hvdtrain", data, common + flags, label,
                             rounds=args.rounds))

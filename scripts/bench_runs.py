@@ -169,6 +169,7 @@ class Results:
         self.counts = []  # the count exchange's cost (scripts/bench_step_counts.py)
         self.powersgd = []  # PowerSGD's own work, two processes at once (bench_powersgd.py)
         self.recipe = []  # the training recipe's options, paired, per image size (bench_recipe.py)
+        self.small = []  # the small MLP's rows and its step's phases (bench_small.py)
         self.head = {"steps": steps, "model": model,
                      "load_average_at_start": os.getloadavg()[0]}
 
@@ -200,7 +201,7 @@ class Results:
             with open(temporary, "w") as out:
                 json.dump(dict(self.head, rows=self.rows, allreduce=self.allreduce,
                                counts=self.counts, powersgd=self.powersgd,
-                               images=self.images, recipe=self.recipe,
+                               images=self.images, recipe=self.recipe, small=self.small,
                                complete=complete), out, indent=1)
             os.replace(temporary, self.path)
         finally:

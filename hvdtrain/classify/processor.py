@@ -18,6 +18,7 @@ from mxnet import autograd, gluon
 
 from ..estimator.batch_processor import BatchProcessor
 from ..loop.engine.batches import split_batch
+from ..loop.engine.draws import blocks_draw
 from ..loop.engine.device_metrics import DeviceAccuracy, DeviceLoss, DeviceTopK
 from ..loop.recipe.mixing import MEASURES, Mixing, mixed_batch
 
@@ -75,6 +76,12 @@ class ClassifierProcessor(BatchProcessor):
 
     def batch_samples(self, batch, batch_axis: int = 0) -> int:
         return len(batch[1])
+
+    @property
+    def draws_random(self):
+        """Whether ``fit_batch`` draws from MXNet's generators besides the net: only if a
+        loss does (mixing draws from its own NumPy generator)."""
+        return blocks_draw(self.loss, self.mixing.loss if self.mixing is not None else None)
 
     def fit_batch(self, estimator, train_batch, batch_axis=0):
         images, labels = train_batch

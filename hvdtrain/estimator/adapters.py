@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import mxnet as mx
 import numpy as np
+from mxnet.gluon.contrib import estimator as mx_estimator
 from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
 
 from ..config import ConfigError
+from ..loop.engine.draws import blocks_draw
 from ..loop.engine.epoch import BatchHooks
 from ..loop.engine.metrics import MetricBook
-from .batch_processor import check_output, samples_in
+from .batch_processor import BatchProcessor, check_output, samples_in
 from .loss_divisors import DivisorSource
 
 
@@ -83,6 +85,10 @@ class AverageMetrics(BatchHooks):
         return False
 
 
+# fit_batch methods that run the Estimator's net and loss and nothing else.
+_PLAIN_FIT_BATCHES = (BatchProcessor.fit_batch, mx_estimator.BatchProcessor.fit_batch)
+
+
 class Processor:
     """The Estimator's batch processor as the engine uses it: MXNet's two methods, the
     sample count (a processor without ``batch_samples`` counts its batches' first array),
@@ -97,6 +103,18 @@ class Processor:
         self._divisors = DivisorSource(processor, estimator)
         self.divides = self._divisors.divides
         self._divisor = None  # the last fit_batch's
+
+    @property
+    def draws_random(self):
+        """Whether ``fit_batch`` draws random numbers besides the net's forward pass (see
+        :mod:`hvdtrain.loop.engine.draws`): the processor's own word (``draws_random``), else
+        its loss's for MXNet's or hvdtrain's ``fit_batch``; another may draw: True."""
+        said = getattr(self.processor, "draws_random", None)
+        if isinstance(said, bool):
+            return said
+        if type(self.processor).fit_batch not in _PLAIN_FIT_BATCHES:
+            return True
+        return blocks_draw(self.estimator.loss)
 
     def loss_divisor(self, batch, out):
         """What the last ``fit_batch``'s gradient is divided by (a number, or one per

@@ -3,6 +3,7 @@ DataLoader, on any batch sampler) made once into this rank's share of every epoc
 (:mod:`hvdtrain.data.reshard`), and split again when an elastic job's ranks change."""
 from __future__ import annotations
 
+import logging
 from typing import Dict, Optional, Tuple
 
 from mxnet import gluon
@@ -11,6 +12,15 @@ from ..config import ConfigError, RunConfig
 from ..data.batch_shards import BatchSplit, check_same_draw
 from ..data.reshard import ShardedLoader, as_loader
 from ..store.dist import DistContext
+
+logger = logging.getLogger("hvdtrain")
+
+# Said once a run that can resume (an output folder) trains on a user's Dataset or
+# DataLoader: the engine replays the model's draws (.loop.engine.step_seeds) and the
+# samples' order, but nothing seeds the generators a loader's transforms draw from.
+NOT_REPLAYED = ("resume: a loader's own random draws are not replayed (its transforms' draws "
+                "from NumPy's or MXNet's generators, in this process or its workers, differ "
+                "after a resume); the samples' order and the model's draws are")
 
 
 class Feeds:
@@ -37,6 +47,8 @@ class Feeds:
             parts, part = (dist.num_workers, dist.rank) if dist.synchronous or train else (1, 0)
             loader = as_loader(data, config.batch_size, shuffle=train)
             feed = ShardedLoader(loader, parts, part, train, config.seed, config.sampling)
+            if train and config.output_dir:
+                logger.info(NOT_REPLAYED)
             if isinstance(feed.sampler, BatchSplit) and parts > 1 and dist.synchronous \
                     and not config.elastic:
                 # Every rank is here alike (a worker joining an elastic job is not; dist_async

@@ -12,7 +12,9 @@ files are downloaded from (:func:`model_store_url`, for ``--pretrained``'s advic
 nor to give every rank AMP's loss scale for an update whether or not it ran a backward pass
 (:func:`set_loss_scale`), nor to tell a running statistic from a frozen weight
 (:func:`statistics_of`), nor to take back MKL-DNN's own layout of a weight
-(:func:`to_default_layout`).
+(:func:`to_default_layout`), nor to see a block's children, graph and dropout rate (what
+tells whether a step draws random numbers: :func:`child_blocks`, :func:`block_graph`,
+:func:`hybridized`, :func:`dropout_rate`).
 All are needed (the broadcast before the first forward pass, zero-copy gradient buckets that
 stay correct whatever the user does to parameters), so the private calls live here, behind a
 version check: a different MXNet fails loudly at import instead of training subtly wrong.
@@ -475,3 +477,29 @@ def model_store_url(file_name: str) -> str:
     repo = os.environ.get("MXNET_GLUON_REPO", model_store.apache_repo_url)
     return model_store._url_format.format(  # pylint: disable=protected-access
         repo_url=repo if repo.endswith("/") else repo + "/", file_name=file_name)
+
+
+def child_blocks(block) -> list:
+    """The blocks `block` registered as its children (Gluon keeps them privately)."""
+    return list(getattr(block, "_children", {}).values())
+
+
+def block_graph(block):
+    """The symbol a SymbolBlock or a hybridized HybridBlock runs (a hybridized one has it
+    once its first forward pass built it), or None."""
+    graph = getattr(block, "_cached_graph", None)
+    hybrid = isinstance(block, mx.gluon.SymbolBlock) or hybridized(block)
+    return graph[1] if hybrid and graph else None
+
+
+def hybridized(block) -> bool:
+    """Whether `block` is a HybridBlock that ``hybridize()`` made run as a graph."""
+    return isinstance(block, mx.gluon.HybridBlock) and bool(getattr(block, "_active", False))
+
+
+def dropout_rate(block) -> float:
+    """The rate of a Gluon ``Dropout``, ``DropoutCell`` or RNN layer (its ``dropout``)."""
+    for name in ("_rate", "_dropout"):
+        if hasattr(block, name):
+            return float(getattr(block, name))
+    return 1.0  # not found: taken to draw

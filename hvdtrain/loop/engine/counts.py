@@ -21,6 +21,7 @@ import mxnet as mx
 
 from ...data.datasets import DatasetError
 from ...data.reshard import ShardedLoader
+from ...store.buckets import BucketedTrainer
 from ...store.dist import DistContext
 
 EXAMPLES = 3  # unusable samples named in the error that ends a job
@@ -57,6 +58,9 @@ def check_bad_samples(what: str, skipped: int, total: int, limit: str, examples:
                        f"{named}. {advice}")
 
 
+KEPT_VECTORS = 64  # distinct count vectors kept (a step's values: almost always the same)
+
+
 class StepCounts:
     """The global count of samples behind each optimizer step, of those left out, and the
     sum of every rank's vote.
@@ -79,6 +83,7 @@ class StepCounts:
         self._pending: Optional[mx.nd.NDArray] = None
         self._local: Tuple[int, int, Tuple[int, ...]] = (0, 0, ())
         self._local_divisor: Optional[float] = None
+        self._vectors: dict = {}  # (values, dtype) -> an array of them, never sent itself
         # The step's loss divisor summed over the workers, set by result() when submitted
         # with one (divisors.py): what the summed gradient is divided by besides the count.
         self.divisor: Optional[float] = None
@@ -90,11 +95,21 @@ class StepCounts:
         now, in the background, when exchanged."""
         self._local, self._local_divisor = (used, skipped, tuple(votes)), divisor
         if self.exchange:
-            if divisor is None:
-                counts = mx.nd.array([used, skipped, *votes])  # float32: exact to 2**24
-            else:  # valid pixels pass 2**24 in a batch: float64, exact to 2**53
-                counts = mx.nd.array([used, skipped, divisor, *votes], dtype="float64")
-            self._pending = self.dist.sum_across_workers("step_counts", counts)
+            # float64: exact to 2**53 (valid pixels pass float32's 2**24 in a batch), and
+            # sent beside float32 gradients (with_gradients) never fused with them into
+            # Horovod's fusion buffer, which would copy a bucket in and out.
+            values = (used, skipped, *votes) if divisor is None else \
+                (used, skipped, divisor, *votes)
+            dtype = "float64"
+            # Summed in place: a copy of the vector, made by the engine (an array made from
+            # the host's values waits for the engine's queue: a host sync every step). Most
+            # steps send the same values, so the vectors are kept.
+            vector = self._vectors.get((values, dtype))
+            if vector is None:
+                if len(self._vectors) >= KEPT_VECTORS:
+                    self._vectors.clear()
+                vector = self._vectors[(values, dtype)] = mx.nd.array(values, dtype=dtype)
+            self._pending = self.dist.sum_across_workers("step_counts", vector.copy())
 
     def result(self) -> Tuple[int, int, Tuple[int, ...]]:
         """(used, skipped, votes) of the step over all workers, and ``divisor`` set; waits
@@ -143,3 +158,13 @@ class LeftOut:
             rows = 0 if batch is None else int(batch[0].shape[self.batch_axis])
             return max(positions - rows, 0)
         return 0
+
+
+def with_gradients(trainer, counts: StepCounts, divides: bool, clipper, amp: bool) -> bool:
+    """Whether a step's counts can be sent right after its gradients, in the same cycle of
+    Horovod's negotiation (one round a step instead of two; the update waits for both):
+    for hvdtrain's bucketed exchange sent whole (no PowerSGD, sharded state, clipping or
+    AMP, which read the step's divisor before or during the exchange) and counts of samples
+    alone (no loss divisor)."""
+    return (counts.exchange and not divides and clipper is None and not amp
+            and type(trainer) is BucketedTrainer and trainer.compression is None)

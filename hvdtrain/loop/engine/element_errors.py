@@ -4,10 +4,12 @@ MXNet 1.9.1's ``MAE``, ``MSE`` and ``RMSE`` add one value *per batch* (``num_ins
 their ratio is a mean of batch means, which depends on how the split was batched (over the
 ranks, on the world size), and RMSE's a mean of square roots. A book that takes one
 (:mod:`.metric_states`) makes the metric's own ``update``, ``reset`` and ``reset_local``
-also keep its errors' exact sums per element (queued on the device), so that a handler
-that calls ``metric.update`` itself keeps them too; the ranks sum them, and the metric
-then reports the whole split's value per element: the mean absolute or squared error of
-every element, and its square root for RMSE.
+keep its errors' exact sums per element instead (queued on the device: MXNet's own update
+reads the labels and predictions on the host, a wait every batch), so that a handler
+that calls ``metric.update`` itself keeps them too, and its ``get`` report them (read
+from the device when asked); the ranks sum them, and the metric then reports the whole
+split's value per element: the mean absolute or squared error of every element, and its
+square root for RMSE.
 """
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ class ElementErrors:
             # As MXNet's own: a vector is a column; labels and predictions then broadcast.
             label = label.reshape((-1, 1)) if label.ndim == 1 else label
             pred = pred.reshape((-1, 1)) if pred.ndim == 1 else pred
-            diff = mx.nd.broadcast_sub(label.astype("float32").as_in_context(pred.context),
-                                       pred.astype("float32"))
+            diff = mx.nd.broadcast_sub(
+                label.astype("float32", copy=False).as_in_context(pred.context),
+                pred.astype("float32", copy=False))
             error = mx.nd.abs(diff) if self.kind == "absolute" else diff * diff
             part = error.sum()
             if isinstance(self.total, mx.nd.NDArray):
@@ -55,6 +58,8 @@ def keep_element_errors(metric, kind: str) -> None:
         return
     setattr(metric, ERRORS, ElementErrors(kind))
     metric.update = _Bound(_updated, metric)
+    metric.get = _Bound(_get, metric)
+    metric.get_global = _Bound(_get, metric, "get_global")
     metric.reset = _Bound(_reset, metric)
     metric.reset_local = _Bound(_reset, metric, "reset_local")
 
@@ -74,8 +79,12 @@ def per_element(metric) -> None:
 
 
 def _updated(metric, labels, preds):
-    type(metric).update(metric, labels, preds)
     getattr(metric, ERRORS).update(labels, preds)
+
+
+def _get(metric, how: str = "get"):
+    per_element(metric)  # the sums kept so far, this rank's or (after a reduce) all ranks'
+    return getattr(type(metric), how)(metric)
 
 
 def _reset(metric, how: str = "reset"):

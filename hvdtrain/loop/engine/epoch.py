@@ -31,10 +31,10 @@ import mxnet as mx
 
 from . import precision
 from .batches import clear_gradients, settle_idle_devices
-from .counts import LeftOut, StepCounts, check_bad_samples
+from .counts import LeftOut, StepCounts, check_bad_samples, with_gradients
 from .divisors import StepDivisors, as_parts, check_divisor
 from .guard import FiniteGuard
-from .step_seeds import seed_step
+from .step_seeds import StepSeeds
 from ...report.progress import progress_bar
 from ...runtime.watchdog import Watchdog
 from ...state import compression_state
@@ -121,7 +121,7 @@ class Loop:
     # Settles MKL-DNN's weight layouts after an inference pass, before a step (.layouts).
     layouts: Optional[object] = None
     # The run's seed: MXNet's generators are seeded from it, the rank and the step before
-    # every step (.step_seeds); None leaves them alone.
+    # every step that draws random numbers (.step_seeds); None leaves them alone.
     seed: Optional[int] = None
 
 
@@ -160,7 +160,11 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     left_out_of = LeftOut(loader, loop.batch_axis)  # the loader's unusable samples
     counts = StepCounts(dist, exchange=dist.synchronous and dist.num_workers > 1 and (
         boundary is not None or hasattr(loader, "skipped") or divides))
+    # Sent right after the gradients where it can be (one round of Horovod's negotiation a
+    # step, not two): the step's update then waits for both.
+    early = with_gradients(loop.trainer, counts, divides, loop.clipper, amp_scaled)
     end_asked, ended = False, False  # a batch handler asked to end the epoch
+    seeds = StepSeeds(loop.seed, dist.rank, loop.devices, loop.net, loop.processor)
     start = time.perf_counter()
     for batch_number, batch in enumerate(loader, 1):
         if (batch_number - 1) % accumulate == 0:  # the first micro-batch of a step
@@ -174,8 +178,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
                 break
             if loop.layouts is not None:  # an evaluation or a handler's prediction ran
                 loop.layouts.settle()
-            if loop.seed is not None:  # what this step draws, whether resumed or not
-                seed_step(loop.seed, dist.rank, state.step, loop.devices)
+            seeds.before_step(state.step)  # what it draws, whether resumed or not
             if loop.lr_for_step is not None:
                 # The schedule follows the position in the epoch, so it does not depend on
                 # how many workers earlier epochs ran with.
@@ -190,7 +193,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # What the loader left out, not positions less `used`: a processor may count
         # objects or tokens (batch_samples), not the positions a batch consumed.
         step_skipped += left_out_of.of(batch, positions)
-        if last_of_step and divisors is None:  # summed over the workers while it computes
+        if last_of_step and divisors is None and not early:  # summed while it computes
             votes = boundary.vote(end=end_asked) if boundary is not None else ()
             counts.submit(step_used, step_skipped, votes)
         out = None
@@ -207,6 +210,12 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             if last_of_step:
                 votes = boundary.vote(end=end_asked) if boundary is not None else ()
                 counts.submit(step_used, step_skipped, votes, divisor=divisors.take())
+        if early and last_of_step:
+            if step_used < len(loop.devices):  # zeros from a device with no backward pass
+                settle_idle_devices(params, len(loop.devices))
+            loop.trainer.allreduce_grads()
+            votes = boundary.vote(end=end_asked) if boundary is not None else ()
+            counts.submit(step_used, step_skipped, votes)
         # Positions of the epoch's order consumed, not samples trained on: a resume must
         # start after the unusable ones too.
         state.epoch_samples += consumed
@@ -234,7 +243,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         if step_loss is not None:
             loss_sum += step_loss
             step_loss = None
-        if step_used < len(loop.devices):
+        if step_used < len(loop.devices) and not early:
             # A device with no backward pass this step (no sample for it) adds zeros.
             settle_idle_devices(params, len(loop.devices))
         if dist.synchronous:
@@ -243,7 +252,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             # (and, for losses that divide themselves, over every rank's divisor).
             divisor = total_used * (counts.divisor if divisors is not None else 1)
             if divisor:
-                _update(loop, divisor, state.step + 1)
+                _update(loop, divisor, state.step + 1, exchanged=early)
             else:  # no sample (or no count) anywhere: no update, the step count goes on
                 compression_state.step_skipped(loop.trainer)
         elif step_used:
@@ -257,6 +266,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         step_used, step_skipped, step_consumed = 0, 0, 0
         steps += 1
         state.step += 1
+        seeds.after_step()
         loop.guard.check(state.step)
         if left_out:  # the same global figures on every rank: all stop together
             check_bad_samples("training", state.epoch_skipped, loop.train_size,
@@ -317,7 +327,7 @@ def _loss_sum(losses, device) -> mx.nd.NDArray:
     """A batch's losses (an NDArray or a list of them, one per device) summed into a (1,)
     float32 NDArray on `device`, not waited for."""
     losses = losses if isinstance(losses, (list, tuple)) else [losses]
-    parts = [l.sum().astype("float32").as_in_context(device) for l in losses]
+    parts = [l.sum().astype("float32", copy=False).as_in_context(device) for l in losses]
     return mx.nd.add_n(*parts) if len(parts) > 1 else parts[0]
 
 
@@ -340,14 +350,17 @@ def _divide(loop: Loop, divisors: StepDivisors, batch, out, last: bool) -> None:
     divisors.add([f if f else 1.0 for f in factors], count, devices, last)
 
 
-def _update(loop: Loop, samples: int, step: int) -> None:
-    """Optimizer step `step` over the gradients of `samples` samples (all workers'),
-    clipped with ``--clip-grad-norm``, then averaged into ``--ema``."""
+def _update(loop: Loop, samples: int, step: int, exchanged: bool = False) -> None:
+    """Optimizer step `step` over the gradients of `samples` samples (all workers';
+    `exchanged`: summed already), clipped with ``--clip-grad-norm``, then averaged into
+    ``--ema``."""
     # Under AMP, this step's loss scale from the scaler every rank holds alike: a rank
     # whose whole step was unusable ran no backward pass to set it.
     set_loss_scale(loop.trainer)
     if loop.clipper is not None:
         loop.clipper.step(loop.trainer, samples)
+    elif exchanged:
+        loop.trainer.update(samples)
     else:
         loop.trainer.step(samples)
     if loop.ema is not None:
