@@ -32,6 +32,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+from hvdtrain.store.broadcast import broadcast_
+
 FEATURES, WIDTH = 64, 256
 MAX_RANKS = 4
 
@@ -84,6 +86,15 @@ def clock_handler(clock):
     return Tick()
 
 
+def same_start(hvd, params):
+    """Rank 0's weights on every rank, untimed. Users call Horovod's broadcast_parameters
+    here; Horovod 0.28.1's broadcast can crash a rank now and then
+    (hvdtrain/store/broadcast.py), and a sum-allreduce sets the same values."""
+    for index, (_, param) in enumerate(sorted(params.items())):
+        broadcast_(hvd, param.data(), f"plain.init.{index}")
+    mx.nd.waitall()
+
+
 def plain_loop(args, clock, hvd):
     """Horovod's example loop (`hvd` None: Gluon's alone, one process)."""
     rank, size = (hvd.rank(), hvd.size()) if hvd else (0, 1)
@@ -92,7 +103,7 @@ def plain_loop(args, clock, hvd):
     opt = {"learning_rate": 0.01, "momentum": 0.9}
     if hvd:
         net(mx.nd.zeros((1, FEATURES)))  # Gluon defers shapes: force them, then broadcast
-        hvd.broadcast_parameters(params, root_rank=0)
+        same_start(hvd, params)
         trainer = hvd.DistributedTrainer(params, "sgd", opt)
     else:
         trainer = gluon.Trainer(params, "sgd", opt, kvstore=None)
@@ -128,7 +139,7 @@ def estimator_loop(args, clock, hvd, ours):
         return
     size = hvd.size()
     net(mx.nd.zeros((1, FEATURES)))
-    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    same_start(hvd, net.collect_params())
     trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
     est = MXEstimator(net, gluon.loss.L2Loss(), train_metrics=mx.metric.RMSE(),
                       trainer=trainer)

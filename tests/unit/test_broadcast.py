@@ -156,6 +156,10 @@ def test_no_program_of_the_project_calls_horovods_own_broadcast():
     # under horovod.mxnet passes same_seed=1, which skips its broadcast).
     face = {REPO / "tests" / "unit" / "test_horovod_api.py",
             REPO / "tests" / "dist" / "horovod_script.py"}
+    # A stand-in for the field's scripts, written as they are (their broadcast included):
+    # the runner's test runs it once under horovod.mxnet, a few arrays a rank, where the
+    # race is rare (scripts/horovod_broadcast_race.py needs thousands of broadcasts).
+    face.add(REPO / "tests" / "dist" / "horovod_field_program.py")
     found = []
     for folder in ("hvdtrain", "scripts", "examples", "tests"):
         for path in sorted((REPO / folder).rglob("*.py")):
