@@ -13,6 +13,12 @@ caused has been logged:
 ``--vanish E:S``  the discovery output becomes empty
 ``--sigterm E:S`` SIGTERM to horovodrun
 
+``--hosts`` names other loopback hosts (``127.0.0.2:1,127.0.0.3:1,127.0.0.4:1``: 3 ranks, one
+a host, so that the driver's blacklisting of a failed worker's host leaves 2); ``--fault``
+sets the fault switch (``HVDTRAIN_FAULT_AT``, hvdtrain/store/sites.py) on every worker, and
+the first line naming the fault is an event (``fault``) too; ``--commits DIR`` runs
+``elastic_commits.py``, which records each commit and restore there.
+
 Prints one JSON summary: exit code, wall time, when each event happened and when rank 0
 next logged a training step after it, the ``elastic`` lines of every rank, the records of
 ``metrics.jsonl``, how long after horovodrun ended its last worker was gone, and how many
@@ -46,6 +52,7 @@ SYNC_LINE = re.compile(r"elastic: rank (\d+) of (\d+) synced at step (\d+), arra
 # "A survivor that Gloo aborts"): the line such a worker leaves.
 GLOO_ABORT = "terminate called after throwing an instance of 'gloo::EnforceNotMet'"
 LEFTOVER_BOUND_S = 30  # a worker still alive this long after horovodrun ended was left behind
+FAULT_LINE = "fault injected at "  # store/agree.py's FaultInjected
 
 
 def job_pids(marker):
@@ -83,25 +90,32 @@ def run(args, folder):
     with open(discover, "w") as out:
         out.write(f"#!/bin/sh\ncat {hosts_file}\n")
     os.chmod(discover, 0o755)
-    write_hosts(hosts_file, BOTH)
+    hosts_given = args.hosts.split(",")
+    workers = sum(int(host.split(":")[1]) for host in hosts_given)
+    write_hosts(hosts_file, hosts_given)
     output = os.path.join(folder, "out")
     events = [(name, point(getattr(args, name))) for name in
               ("leave", "back", "kill", "freeze", "vanish", "sigterm") if getattr(args, name)]
     events.sort(key=lambda e: e[1])
-    with loopback_hosts(os.path.join(folder, "ssh")) as hosts:
+    addresses = tuple(host.split(":")[0] for host in hosts_given)
+    with loopback_hosts(os.path.join(folder, "ssh"), addresses=addresses) as hosts:
         if args.plain:  # the reference: the same job, not elastic, never disturbed
-            launch = ["-H", ",".join(BOTH)]
+            launch = ["-H", args.hosts]
         else:
-            launch = ["--min-np", "2", "--max-np", "4", "--host-discovery-script", discover,
+            launch = ["--min-np", "2", "--max-np", str(workers),
+                      "--host-discovery-script", discover,
                       "--elastic-timeout", str(args.elastic_timeout)]
         if args.record:
             os.makedirs(args.record, exist_ok=True)
             program = [sys.executable, os.path.join(HERE, "elastic_ids.py"), args.record]
+        elif args.commits:
+            os.makedirs(args.commits, exist_ok=True)
+            program = [sys.executable, os.path.join(HERE, "elastic_commits.py"), args.commits]
         elif args.program == "estimator":
             program = [sys.executable, os.path.join(HERE, "estimator_elastic.py")]
         else:
             program = [tool("hvdtrain")]
-        command = [tool("horovodrun"), "--gloo", "-np", "4"] + launch + [
+        command = [tool("horovodrun"), "--gloo", "-np", str(workers)] + launch + [
                    "--network-interface", "lo", *DRIVER_LOG, "-p", str(hosts.port),
                    "-i", hosts.key] + \
             program + ["--dataset", "digits", "--no-cuda"] + \
@@ -112,17 +126,19 @@ def run(args, folder):
                    "--resume", "auto", "--data-workers", "0"] + args.extra
         env = dict(os.environ, PATH=job_path(),
                    HOROVOD_GLOO_TIMEOUT_SECONDS=str(args.gloo_timeout))
+        if args.fault:
+            env["HVDTRAIN_FAULT_AT"] = args.fault  # horovodrun passes it to every worker
         start = time.time()
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)
-        raw, happened, steps, resets = [], [], [], []
+        raw, happened, steps, resets, faulted = [], [], [], [], []
         epoch_done = [0]
 
         def act(name):
             if name == "leave":
-                write_hosts(hosts_file, BOTH[:1])
+                write_hosts(hosts_file, hosts_given[:1])
             elif name == "back":
-                write_hosts(hosts_file, BOTH)
+                write_hosts(hosts_file, hosts_given)
             elif name == "vanish":
                 write_hosts(hosts_file, [])
             elif name == "sigterm":
@@ -137,6 +153,8 @@ def run(args, folder):
         def reader():
             for line in proc.stdout:
                 raw.append(line)
+                if FAULT_LINE in line and not faulted:
+                    faulted.append(("fault", time.time()))
                 if RESET_LINE.search(line):
                     resets.append(time.time())
                 match = EPOCH_LINE.search(line)
@@ -188,11 +206,13 @@ def run(args, folder):
         events=[dict(name=name, at_s=round(t - start, 1),
                      training_again_after_s=_training_again(t, resets, steps),
                      launcher_exit_after_s=round(ended - t, 2))
-                for name, t in happened],
+                for name, t in happened + faulted],
         syncs=syncs, metrics=metrics, alive_after_exit=len(alive),
         workers_gone_after_s=gone_after,
         errors=[line.strip() for line in raw if "error" in line.lower()][-6:],
-        gloo_aborted_a_survivor=any(GLOO_ABORT in line for line in raw))
+        gloo_aborted_a_survivor=any(GLOO_ABORT in line for line in raw),
+        fault_lines=[line.strip() for line in raw if FAULT_LINE in line],
+        tracebacks=sum("Traceback" in line for line in raw))
 
 
 def _training_again(t, resets, steps):
@@ -209,6 +229,12 @@ def parse(argv=None):
     parser.add_argument("--kill-host", default="127.0.0.3",
                         help="--kill's victim: the worker with local rank 0 on this host "
                              "(127.0.0.2's is rank 0)")
+    parser.add_argument("--hosts", default=",".join(BOTH),
+                        help="the loopback hosts and their slots (every slot a worker)")
+    parser.add_argument("--fault", default="", metavar="SITE:RANK:N",
+                        help="HVDTRAIN_FAULT_AT for every worker")
+    parser.add_argument("--commits", default="",
+                        help="run elastic_commits.py, recording each commit and restore here")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--gloo-timeout", type=int, default=10)

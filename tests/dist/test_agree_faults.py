@@ -65,8 +65,9 @@ ELSEWHERE = {
     "horovod_step": "test_horovod_face.py::test_a_frozen_or_dead_rank_ends_every_rank_"
                     "within_the_stall_timeout[fault] (hvdtrain.horovod's step)",
     "check": "test_preflight.py (hvdtrain-check)",
-    "elastic.commit": "unit/test_elastic_state.py (the switch in one process; no 3-rank "
-                      "elastic job faults it: notes/63.md)",
+    "elastic.commit": "test_elastic.py::test_a_rank_failing_inside_a_sharded_commit_leaves_"
+                      "the_others_the_last_whole_commit (3 ranks, --elastic "
+                      "--shard-optimizer: the others roll back and go on)",
 }
 
 
