@@ -46,6 +46,20 @@ def _setting(name: str, environ) -> str:
     return environ.get(name, DEFAULTS[name])
 
 
+def _at_least_zero(name: str, kind, environ):
+    """Variable `name` read as `kind`, refused unless it is a number >= 0 (a negative
+    stall timeout would end every healthy job at its start, blaming a peer)."""
+    text = _setting(name, environ)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if not value >= 0:  # NaN included
+        raise ConfigError(f"{name}={text}: expected a number of "
+                          f"{'seconds' if kind is float else 'steps'}, 0 or more (0: off)")
+    return value
+
+
 @dataclass
 class Session:
     """This process's job under ``hvdtrain.horovod``: made by :func:`start` (``hvd.init``)."""
@@ -125,12 +139,8 @@ def start(comm=None, process_sets=None, environ=os.environ) -> Session:
     policy = _setting(REPLICA_CHECK_ENV, environ)
     if policy not in ("resync", "strict", "off"):
         raise ConfigError(f"{REPLICA_CHECK_ENV}={policy}: expected resync, strict or off")
-    try:
-        timeout = float(_setting(STALL_TIMEOUT_ENV, environ))
-        every = int(_setting(REPLICA_EVERY_ENV, environ))
-    except ValueError as err:
-        raise ConfigError(f"{STALL_TIMEOUT_ENV} and {REPLICA_EVERY_ENV} take numbers: "
-                          f"{err}") from None
+    timeout = _at_least_zero(STALL_TIMEOUT_ENV, float, environ)
+    every = _at_least_zero(REPLICA_EVERY_ENV, int, environ)
     # Before Horovod reads its variables: its stall warning matched to the timeout.
     environ.update(horovod_stall_env(timeout, environ))
     _tag_warnings(launch_rank(environ))
@@ -145,7 +155,7 @@ def start(comm=None, process_sets=None, environ=os.environ) -> Session:
     watchdog.beat("start-up (hvd.init)")
     JobPulse.watch(watchdog, dist)
     watchdog.busy_phase = SCRIPT_WORK
-    session = Session(dist, watchdog, policy, max(every, 0))
+    session = Session(dist, watchdog, policy, every)
     _SESSION[0] = session
     # Registered after Horovod's own shutdown: runs before it.
     atexit.register(session.close)

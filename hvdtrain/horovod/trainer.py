@@ -154,8 +154,17 @@ class DistributedTrainer(BucketedTrainer):
         """Exchange the gradients, then update with them divided by the samples every rank
         stepped with (the sum of every rank's `batch_size`)."""
         with self._session.calling(f"training step {self._steps + 1}"):
-            self.allreduce_grads()
+            super().allreduce_grads()
             self._exact_update(batch_size, ignore_stale_grad)
+
+    def allreduce_grads(self):
+        """The exchange of :meth:`step` alone (a script clips between it and
+        :meth:`update`), waited for inside hvdtrain's call: a rank whose peers never join
+        it waits here, where the watchdog sees it, not in the script's next read of a
+        gradient (the script's own work, which the watchdog never cuts short)."""
+        with self._session.calling(f"gradient exchange {self._steps + 1}"):
+            super().allreduce_grads()
+            mx.nd.waitall()
 
     def update(self, batch_size, ignore_stale_grad=False):
         """After ``allreduce_grads()``: the update of :meth:`step`."""

@@ -95,6 +95,7 @@ def main(out_dir, module, options):
     hang = options.get("hang", "").split(":")
     die = options.get("die", "").split(":")
     nudge = options.get("nudge", "").split(":")
+    alone = options.get("alone", "").split(":")
     record, step = {"rank": rank, "val_acc": []}, 0
     for epoch in range(int(options.get("epochs", 2))):
         for start, stop in global_batches(SAMPLES, BATCH):
@@ -108,7 +109,15 @@ def main(out_dir, module, options):
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
-            trainer.step(hi - lo)
+            if options.get("clip") == "1":  # Horovod's clipping idiom
+                trainer.allreduce_grads()
+                gluon.utils.clip_global_norm([p.grad() for p in params.values()
+                                              if p.grad_req != "null"], 10.0)
+                trainer.update(hi - lo)
+            else:
+                trainer.step(hi - lo)
+            if alone[0] == str(rank) and alone[1] == str(step):  # a collective one rank makes
+                hvd.allreduce_metric(mx.metric.Accuracy())
             if nudge[0] == str(rank) and nudge[1] == str(step):  # one rank's weight moved
                 first = next(iter(params.values()))
                 first.set_data(first.data() + 1e-3)

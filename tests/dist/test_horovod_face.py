@@ -168,6 +168,22 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
         assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_collective_one_rank_makes_between_clipped_steps_ends_every_rank(tmp_path):
+    """allreduce_grads(), clipping, update() (Horovod's idiom); rank 0 alone reduces a
+    metric at step 3: rank 1 waits in its next exchange, inside hvdtrain's call, and both
+    ranks end with their line within the timeout (it waited for ever when the exchange's
+    wait fell in the script's clipping)."""
+    started = time.monotonic()
+    proc = _run(tmp_path, "hvdtrain.horovod", "epochs=50", "clip=1", "alone=0:3",
+                env={"HVDTRAIN_STALL_TIMEOUT": str(STALL)}, timeout=STALL + 90)
+    took = time.monotonic() - started
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert took < STALL + 60, took
+    for rank in (0, 1):
+        assert f"[rank {rank}] ERROR rank {rank}: no progress on any rank" in proc.stdout, \
+            proc.stdout[-2000:]
+
+
 @pytest.mark.parametrize("policy", ["resync", "strict"])
 def test_a_replica_that_drifts_is_named_then_resynced_or_stops_the_job(policy, tmp_path):
     """Rank 1 moves a weight of its own after its second step; the check every 3 steps

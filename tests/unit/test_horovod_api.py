@@ -79,6 +79,28 @@ def test_refusals_are_one_line_each():
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("name, value", [("HVDTRAIN_STALL_TIMEOUT", "-5"),
+                                         ("HVDTRAIN_STALL_TIMEOUT", "abc"),
+                                         ("HVDTRAIN_STALL_TIMEOUT", "nan"),
+                                         ("HVDTRAIN_REPLICA_CHECK_EVERY", "-1"),
+                                         ("HVDTRAIN_REPLICA_CHECK_EVERY", "1.5")])
+def test_a_bad_setting_is_refused_at_init_naming_its_variable(name, value):
+    """A negative stall timeout once ended every healthy job at its start, blaming a
+    peer; a negative interval was taken silently."""
+    proc = _one_process("""
+        import hvdtrain.horovod as hvd
+        from hvdtrain.config import ConfigError
+        try:
+            hvd.init()
+        except ConfigError as err:
+            print("refused:", err)
+    """, env={name: value})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith(f"refused: {name}={value}: expected a number"), proc.stdout
+    other = ({"HVDTRAIN_STALL_TIMEOUT", "HVDTRAIN_REPLICA_CHECK_EVERY"} - {name}).pop()
+    assert other not in proc.stdout
+
+
 def test_a_lone_process_trains_and_exits_cleanly():
     """size 1: a step divides by the batch it was given (as a plain Trainer); warnings
     come tagged with the rank."""
