@@ -95,7 +95,7 @@ class DistributedTrainer(BucketedTrainer):
     num_groups : int
         Taken; the buckets (``grad_bucket_mb``, 25 MiB) group the gradients instead.
     process_set
-        The global process set only; another is refused in one line.
+        The global process set only; another raises ConfigError.
     """
 
     def __init__(self, params, optimizer, optimizer_params=None,
@@ -121,15 +121,15 @@ class DistributedTrainer(BucketedTrainer):
                          update_on_kvstore=False, bucket_mb=BUCKET_MB)
         # The first step broadcasts rank 0's weights (a script that forgot
         # broadcast_parameters still trains one model); the statistics it averages instead.
-        self._trained = TrainedParams(trainer_params(self))
+        params = trainer_params(self)
+        self._trained = TrainedParams(params)
         self._statistic_params = running_statistics(self._trained)
         averaged = {id(param) for param in self._statistic_params}
         broadcast_at_first_step(self, lambda param: id(param) not in averaged)
-        self._statistics = bool(self._statistic_params)
         # Parameters no gradient reaches that are not known statistics: frozen ones, or a
         # SymbolBlock's auxiliary states, which only the net could tell apart. Those the
         # forward pass moves between the first two steps are statistics from then on.
-        self._unknown = [p for p in trainer_params(self) if p.grad_req == "null"
+        self._unknown = [p for p in params if p.grad_req == "null"
                          and id(p) not in averaged
                          and np.issubdtype(np.dtype(p.dtype), np.floating)]
         self._snapshot = None
@@ -139,7 +139,7 @@ class DistributedTrainer(BucketedTrainer):
         # last one (in the first forward pass): a script's static graph
         # (hybridize(static_alloc=True)) then writes its first gradients into them.
         if not set_up_store_early(self):
-            for param in trainer_params(self):
+            for param in params:
                 if shape_deferred(param):
                     after_deferred_init(param, self._shape_known)
         self.replicas = ReplicaCheck(self._trained, self, session.dist,
@@ -191,7 +191,7 @@ class DistributedTrainer(BucketedTrainer):
             self._find_moved_statistics(dist)
         if not self._float_statistics:  # an integer statistic: the engine's exact path
             count = mx.nd.array([float(batch_size)], dtype="float64")
-            if self._statistics:
+            if self._statistic_params:
                 average_running_stats(self._trained, dist, [count])
                 return round(float(count.asscalar()) * dist.num_workers)
             return float(dist.sum_across_workers(f"horovod_step.{count.size}",
@@ -213,7 +213,6 @@ class DistributedTrainer(BucketedTrainer):
         if found:
             self._statistic_params = sorted(self._statistic_params + found,
                                             key=lambda param: param.name)
-            self._statistics = True
             logger.info("%d arrays no gradient reaches moved in the forward pass (a "
                         "SymbolBlock's auxiliary states): averaged at each step from now on",
                         len(found))
