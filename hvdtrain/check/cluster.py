@@ -43,7 +43,7 @@ try:
     out["hvd_init"] = "ok"
 except Exception as err:
     out["error"] = "%s: %s" % (type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-print("HVDTRAIN-PROBE " + json.dumps(out))
+sys.stdout.write("HVDTRAIN-PROBE " + json.dumps(out) + "\n")  # one write, as the launcher tags each
 """
 
 COLUMNS = ("host", "ssh", "hvdtrain", "mxnet", "horovod", "hvd.init", "CUDA", "NCCL", "GPUs",

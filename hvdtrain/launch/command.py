@@ -178,6 +178,28 @@ def _signal(pids, signum):
             pass
 
 
+def _kill_descendants(root, settle=1.0):
+    """SIGKILL every descendant of `root`, including one forked while they are being listed.
+
+    A SIGKILL to a list read from /proc misses a child its parent forks just after the read:
+    the parent dies and the child runs on, an orphan (a program bash was starting when
+    ``remote.py`` was killed outlived the job, seen in CI). So the descendants are stopped
+    first, and listed again until no new one appears; a process is waited for (up to `settle`
+    s) until /proc shows it stopped, which it is only once a fork it was making is complete."""
+    stopped = set()
+    while True:
+        found = set(_tree(root)) - {root} - stopped
+        if not found:
+            break
+        _signal(found, signal.SIGSTOP)
+        stopped |= found
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline and any(
+                (_stat(pid) or (None, "T", 0))[1] not in "TtZX" for pid in found):
+            time.sleep(0.01)
+    _signal(stopped, signal.SIGKILL)
+
+
 # Linux's prctl options for the signal a process gets when its parent dies.
 _PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 
@@ -203,7 +225,7 @@ def _take_over_the_death_signal():
     parent_gone = signal.SIGRTMIN + 2  # glibc keeps the first real-time signals for itself
 
     def end_the_tree(*_):
-        _signal([pid for pid in _tree(os.getpid()) if pid != os.getpid()], signal.SIGKILL)
+        _kill_descendants(os.getpid())
         os._exit(128 + signal.SIGKILL)  # pylint: disable=protected-access
 
     signal.signal(parent_gone, end_the_tree)

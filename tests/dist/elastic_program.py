@@ -30,12 +30,12 @@ from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
 from hvdtrain.store.broadcast import broadcast_object
+from say import say
 
 
 def emit(event, **fields):
-    print(json.dumps(dict(event=event, t=time.time(), pid=os.getpid(),
-                          host=os.environ.get("HOROVOD_HOSTNAME", "?"), **fields)),
-          flush=True)
+    say(json.dumps(dict(event=event, t=time.time(), pid=os.getpid(),
+                        host=os.environ.get("HOROVOD_HOSTNAME", "?"), **fields)))
 
 
 def digest(net):

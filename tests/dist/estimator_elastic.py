@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 
 import regression  # noqa: E402
 from hvdtrain.estimator import Estimator  # noqa: E402
+from say import say  # noqa: E402
 
 
 def main():
@@ -48,8 +49,8 @@ def main():
                       batch_size=args.batch_size),
                   epochs=args.epochs)
     if estimator.rank == 0:
-        print(f"validation rmse {estimator.val_metrics[0].get()[1]:.4f} spread "
-              f"{regression.make_data(200, 2)[1].std():.4f}", flush=True)
+        say(f"validation rmse {estimator.val_metrics[0].get()[1]:.4f} spread "
+            f"{regression.make_data(200, 2)[1].std():.4f}")
 
 
 if __name__ == "__main__":

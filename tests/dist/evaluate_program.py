@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 
 import regression  # noqa: E402
 from hvdtrain.estimator import Estimator  # noqa: E402
+from say import say  # noqa: E402
 
 VAL, BATCH = 37, 8
 
@@ -30,7 +31,7 @@ def main():
     try:
         run()
     except (ValueError, RuntimeError) as err:
-        print(f"evaluate_program.py: error: {err}", flush=True)
+        say(f"evaluate_program.py: error: {err}")
         getattr(err, "leave", lambda: None)()
         os._exit(getattr(err, "status", 1))  # pylint: disable=protected-access
 

@@ -14,13 +14,14 @@ import horovod.mxnet as hvd
 import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
+from say import say
 
 hvd.init()
 rank, num_workers = hvd.rank(), hvd.size()
 out_dir = sys.argv[1]
 epochs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 batch_size = 8
-print(f"rank {rank} of {num_workers}: module {hvd.__name__}", flush=True)
+say(f"rank {rank} of {num_workers}: module {hvd.__name__}")
 
 
 class SplitSampler(gluon.data.sampler.Sampler):
@@ -74,6 +75,5 @@ for epoch in range(epochs):
     val = mx.metric.Accuracy()
     for data, label in val_data:
         val.update([label], [net(data.as_in_context(context))])
-    print(f"rank {rank} epoch {epoch} train {metric.get()[1]:.3f} val {val.get()[1]:.3f}",
-          flush=True)
+    say(f"rank {rank} epoch {epoch} train {metric.get()[1]:.3f} val {val.get()[1]:.3f}")
 net.save_parameters(os.path.join(out_dir, f"model-rank{rank}.params"))

@@ -277,9 +277,21 @@ def reap(proc, tag, timeout):
     deadline = time.monotonic() + 30
     while tagged_pids(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
+    named = {pid: _command_line(pid) for pid in tagged_pids(tag)}
     survivors = kill_tagged(tag)
-    assert survivors == [], "processes of the job survived it"
+    assert survivors == [], ("processes of the job survived it: "
+                             + "; ".join(f"{pid} {named.get(pid, '?')}" for pid in survivors))
     return job_log(proc)
+
+
+def _command_line(pid):
+    """Process `pid`'s command line with its parent, for a failure's message."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+            words = cmd.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        return f"(parent {parent_pid(pid)}): {words}"
+    except (OSError, IndexError, ValueError):
+        return "(gone)"
 
 
 def kill_tagged(tag):

@@ -10,14 +10,15 @@ import time
 import mxnet as mx
 
 import hvdtrain  # noqa: F401  registers the 'horovod' KVStore
+from say import say
 
 store = mx.kv.create("horovod")
 first = mx.nd.ones((4,)) * (store.rank + 1)
 store.pushpull("first", first)
 first.wait_to_read()
 if store.rank == 0:
-    print(f"rank 0 pauses {sys.argv[1]} s", flush=True)
+    say(f"rank 0 pauses {sys.argv[1]} s")
     time.sleep(float(sys.argv[1]))
 second = mx.nd.ones((4,)) * (store.rank + 1)
 store.pushpull("second", second)
-print(f"rank {store.rank} sums {first.asnumpy()[0]:g} {second.asnumpy()[0]:g}", flush=True)
+say(f"rank {store.rank} sums {first.asnumpy()[0]:g} {second.asnumpy()[0]:g}")

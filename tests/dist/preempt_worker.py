@@ -20,6 +20,7 @@ import hvdtrain.job
 import hvdtrain.estimator.estimator
 from hvdtrain.state.background import HostCopy
 from hvdtrain.report.log import launch_rank
+from say import say
 
 AT = os.environ.get("HVDTRAIN_TEST_SIGNAL_AT")
 RANK = int(os.environ.get("HVDTRAIN_TEST_SIGNAL_RANK", "0"))
@@ -27,7 +28,7 @@ SLOW = float(os.environ.get("HVDTRAIN_TEST_SLOW_WRITE", "0"))
 
 
 def signal_myself(where):
-    print(f"rank {RANK}: SIGTERM to myself during {where}", flush=True)
+    say(f"rank {RANK}: SIGTERM to myself during {where}")
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.5)  # still inside that phase when the signal is noted
 
@@ -52,8 +53,7 @@ def wrap_evaluate(evaluate, done=[]):  # pylint: disable=dangerous-default-value
 def wrap_write(write):
     def wrapped(self, path):  # in the temporary folder, as a long write is cut short
         if "-step-" in path:
-            print(f"slow write: {os.path.basename(os.path.dirname(path))} takes {SLOW:g} s more",
-                  flush=True)
+            say(f"slow write: {os.path.basename(os.path.dirname(path))} takes {SLOW:g} s more")
             time.sleep(SLOW)
         return write(self, path)
     return wrapped

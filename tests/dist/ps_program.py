@@ -11,6 +11,7 @@ import sys
 import time
 
 import mxnet as mx
+from say import say
 
 STEPS = 40
 
@@ -24,15 +25,15 @@ def main():
             if fail == "raise":
                 raise RuntimeError("injected failure in worker 1")
             if fail == "exit":
-                print("worker 1 exits with status 3", flush=True)
+                say("worker 1 exits with status 3")
                 sys.exit(3)
         out = mx.nd.zeros(4)
         store.pushpull(0, mx.nd.ones(4), out=out)
         out.wait_to_read()
         time.sleep(0.05)
-    print(f"worker {store.rank} done: {out.asnumpy().tolist()}", flush=True)
+    say(f"worker {store.rank} done: {out.asnumpy().tolist()}")
     if "PS_PROGRAM_NOTE" in os.environ:
-        print(f"worker {store.rank} note: {os.environ['PS_PROGRAM_NOTE']}", flush=True)
+        say(f"worker {store.rank} note: {os.environ['PS_PROGRAM_NOTE']}")
 
 
 if __name__ == "__main__":

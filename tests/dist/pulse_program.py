@@ -11,6 +11,7 @@ import mxnet as mx
 from mxnet import gluon
 
 from hvdtrain.estimator import BatchEnd, Estimator
+from say import say
 
 
 class Fail(BatchEnd):
@@ -41,10 +42,10 @@ def main():
         estimator.fit(data, epochs=1, event_handlers=[Fail()])
     except ValueError:
         pass
-    print(f"rank {estimator.rank} after the failed fit: {pulses()}", flush=True)
+    say(f"rank {estimator.rank} after the failed fit: {pulses()}")
     for number in range(2):
         estimator.fit(data, epochs=2, event_handlers=[Slow()])
-        print(f"rank {estimator.rank} after fit {number}: {pulses()}", flush=True)
+        say(f"rank {estimator.rank} after fit {number}: {pulses()}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from hvdtrain import create_store
 from hvdtrain.loop.run.replica_check import ReplicaCheck
 from hvdtrain.loop.run.together import StoppedTogether
 from hvdtrain.store.dist import DistContext
+from say import say
 
 
 def main():
@@ -23,11 +24,11 @@ def main():
     try:
         ReplicaCheck(net, trainer, dist, "resync").verify("the test's check")
     except StoppedTogether as stop:
-        print(stop.line, flush=True)
+        say(stop.line)
         stop.leave()
         os._exit(stop.status)  # pylint: disable=protected-access
     mx.nd.waitall()
-    print("no difference found", flush=True)
+    say("no difference found")
 
 
 if __name__ == "__main__":

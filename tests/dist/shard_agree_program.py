@@ -19,6 +19,7 @@ from mxnet import autograd, gluon
 
 from hvdtrain import create_store
 from hvdtrain.store.sharded import ShardedTrainer
+from say import say
 
 
 def main():
@@ -56,7 +57,7 @@ def main():
             with open(os.path.join(out, f"rank{rank}.json"), "w") as dump:
                 json.dump({"files": files, "states": count}, dump)
     except (RuntimeError, UserWarning) as err:
-        print(f"shard_agree_program.py: error: {' '.join(str(err).split())}", flush=True)
+        say(f"shard_agree_program.py: error: {' '.join(str(err).split())}")
         getattr(err, "leave", lambda: None)()
         os._exit(1)  # pylint: disable=protected-access
     store.shutdown()

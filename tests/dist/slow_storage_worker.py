@@ -10,6 +10,7 @@ import time
 import hvdtrain.state.checkpoint as checkpoint
 
 import rank_worker
+from say import say
 
 SLOW_SECONDS = float(sys.argv.pop(1))
 _save = checkpoint.save_checkpoint
@@ -19,7 +20,7 @@ _slowed = []
 def slow_save(*args, **kwargs):
     if not _slowed:
         _slowed.append(True)
-        print(f"slow storage: this checkpoint takes {SLOW_SECONDS:g} s more", flush=True)
+        say(f"slow storage: this checkpoint takes {SLOW_SECONDS:g} s more")
         time.sleep(SLOW_SECONDS)
     return _save(*args, **kwargs)
 

@@ -240,3 +240,40 @@ def test_a_missing_script_fails_as_python_alone_does(tmp_path, fake_mxnet):
     through = run(runner_argv([sys.executable, "nope.py"]), tmp_path, fake_mxnet)
     assert through.returncode == alone.returncode == 2
     assert through.stderr.strip() == alone.stderr.strip(), (through.stderr, alone.stderr)
+
+
+def test_ending_a_tree_that_is_forking_leaves_no_orphan(tmp_path):
+    """The runner of a shell command ends its tree when its parent dies; a list of the tree
+    read from /proc and then SIGKILLed missed a child bash forked just after the read, which
+    ran on as an orphan (a worker outlived its job in CI). Here bash forks sleeps as fast as it
+    can while the tree is ended: none may be left."""
+    tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    ender = tmp_path / "ender.py"
+    ender.write_text(textwrap.dedent(f"""
+        import os, subprocess, time
+        from hvdtrain.launch.command import _kill_descendants
+        subprocess.Popen(["bash", "-c", "for i in $(seq 3000); do sleep 60 & done; wait"],
+                         env=dict(os.environ, ORPHAN_CHECK="{tag}"))
+        time.sleep(0.5)  # bash is forking now
+        _kill_descendants(os.getpid())
+    """))
+    subprocess.run([sys.executable, str(ender)], check=True, timeout=120)
+
+    def tagged():
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as env:
+                    if f"ORPHAN_CHECK={tag}".encode() not in env.read():
+                        continue
+                with open(f"/proc/{entry}/stat") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        found.append(int(entry))
+            except (OSError, ValueError):
+                continue
+        return found
+    time.sleep(0.5)
+    survivors = tagged()
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
