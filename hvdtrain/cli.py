@@ -18,12 +18,6 @@ from . import config as cfgmod
 from . import options as optmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
-from .store.agree import AgreedConfigError, AgreedError, FaultInjected
-from .loop.engine.guard import NonFiniteLoss
-from .loop.run.together import StoppedTogether
-from .eval_job import evaluate_only
-from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
-from .state.writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
@@ -127,10 +121,45 @@ def parse_config(argv: Optional[List[str]] = None) -> TrainConfig:
     return TrainConfig(**args)
 
 
+def train(cfg: TrainConfig):
+    """Train as `cfg` says (:func:`hvdtrain.job.train`). Imported here, not at the top: the
+    training modules import MXNet (1.3 s of a core), which ``--help`` and a refused flag do
+    not need."""
+    from .job import train as train_job  # pylint: disable=import-outside-toplevel
+    return train_job(cfg)
+
+
+def evaluate_only(cfg: TrainConfig):
+    """Evaluate a checkpoint as `cfg` says (:func:`hvdtrain.eval_job.evaluate_only`)."""
+    from .eval_job import evaluate_only as evaluate  # pylint: disable=import-outside-toplevel
+    return evaluate(cfg)
+
+
+def __getattr__(name):
+    if name == "Run":  # re-exported: ``from hvdtrain.cli import Run``
+        from .job import Run  # pylint: disable=import-outside-toplevel
+        return Run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``hvdtrain``; returns the exit status."""
     try:
         cfg = parse_config(argv)
+    except ConfigError as err:
+        error_line(f"hvdtrain: error: {err}")
+        return EXIT_USAGE
+    return _run(cfg)
+
+
+def _run(cfg: TrainConfig) -> int:
+    """Train or evaluate as `cfg` says; return the exit status."""
+    # pylint: disable=import-outside-toplevel
+    from .store.agree import AgreedConfigError, AgreedError, FaultInjected
+    from .loop.engine.guard import NonFiniteLoss
+    from .loop.run.together import StoppedTogether
+    from .state.writes import OutputError
+    try:
         if cfg.eval_only:
             evaluate_only(cfg)
         else:
