@@ -23,14 +23,13 @@ from .loop.engine.guard import NonFiniteLoss
 from .loop.run.together import StoppedTogether
 from .eval_job import evaluate_only
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
+from .runtime.watchdog import HOROVOD_SHUT_DOWN
 from .state.writes import OutputError
 
 logger = logging.getLogger("hvdtrain")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED = 0, 1, 2, 3
 EXIT_PREEMPTED = cfgmod.EXIT_PREEMPTED  # stopped by a signal, checkpoint saved: run it again
-# Horovod's error for a collective after its background thread stopped (a peer is gone).
-HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
 EXAMPLES = """examples:
   hvdtrain --dataset digits --no-cuda --epochs 5

@@ -27,6 +27,8 @@ import mxnet as mx
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from .watchdog import HOROVOD_SHUT_DOWN
+
 log = logging.getLogger(__name__)
 
 # What MXNet reports when a Horovod operation queued in its engine failed, on Horovod 0.28.1
@@ -37,7 +39,7 @@ log = logging.getLogger(__name__)
 # for recv operation to complete" (a peer gone silent), "Application timeout caused pair
 # closure" (all three seen with hvdtrain's own job). Any other MXNetError is the program's
 # own and must end it: retrying it after a rollback would only fail again, for ever.
-HOROVOD_FAILURES = ("Horovod has been shut down", "/gloo/transport/", "Read error [",
+HOROVOD_FAILURES = (HOROVOD_SHUT_DOWN, "/gloo/transport/", "Read error [",
                     "Write error [", "Connection reset by peer", "Connection closed by peer",
                     "Timed out waiting", "caused pair closure")
 

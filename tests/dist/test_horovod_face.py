@@ -162,8 +162,16 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
         for rank in (0, 1):
             mine = [line for line in lines if f"[rank {rank}] ERROR" in line]
             assert len(mine) == (1 if rank == 0 else len(mine[:1])), proc.stdout[-2000:]
-    if how == "fault":  # the script's own uncaught error: its traceback, as under Horovod
+    if how == "fault":  # rank 1's uncaught error: its traceback, as under Horovod; rank 0,
+        # whose collective Horovod shut down, names rank 1 in one line (it printed Horovod's
+        # 15-line traceback from inside hvdtrain's step)
         assert "fault injected at horovod_step on rank 1" in proc.stdout, proc.stdout[-2000:]
+        rank0 = [line for line in proc.stdout.splitlines() if line.startswith("[1,0]")]
+        assert not any("Traceback" in line for line in rank0), proc.stdout[-3000:]
+        assert [line for line in rank0 if "error" in line.lower()] == [
+            "[1,0]<stderr>:horovod_script.py: error: rank 0: rank 1 has failed or left the "
+            "job (its own output says why); Horovod has been shut down, so this rank stops "
+            "too"], proc.stdout[-3000:]
     else:
         assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
 
