@@ -31,10 +31,11 @@ def _run(out_dir, module, *options, env=None, timeout=240):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{module: out_dir} of one 2-rank run under each module."""
+    """{module: out_dir} of one 2-rank run under each module; under hvdtrain.horovod with
+    two DistributedTrainers (the step's collectives of both share their names)."""
     out = {}
     # horovod.mxnet's own broadcast can crash a rank: its run starts alike everywhere.
-    for module, options in (("hvdtrain.horovod", ["metric=1"]),
+    for module, options in (("hvdtrain.horovod", ["metric=1", "trainers=2"]),
                             ("horovod.mxnet", ["same_seed=1"])):
         folder = tmp_path_factory.mktemp(module.replace(".", "_"))
         proc = _run(folder, module, f"epochs={EPOCHS}", *options)
