@@ -23,7 +23,7 @@ from .loop.engine.guard import NonFiniteLoss
 from .loop.run.together import StoppedTogether
 from .eval_job import evaluate_only
 from .job import Run, train  # noqa: F401  (re-exported: ``from hvdtrain.cli import train``)
-from .runtime.watchdog import HOROVOD_SHUT_DOWN
+from .ecosystem import HOROVOD_SHUT_DOWN
 from .state.writes import OutputError
 
 logger = logging.getLogger("hvdtrain")

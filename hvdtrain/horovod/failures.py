@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Callable, Optional
 
+from ..ecosystem import HOROVOD_SHUT_DOWN
 from ..estimator.errors import one_line_errors, program_name
 from ..report.log import error_line
-from ..runtime.watchdog import HOROVOD_SHUT_DOWN
 
 EXIT_FAILED = 1
 

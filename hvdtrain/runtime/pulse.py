@@ -27,7 +27,8 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .watchdog import HOROVOD_SHUT_DOWN, PHASES, Watchdog
+from ..ecosystem import HOROVOD_SHUT_DOWN
+from .watchdog import PHASES, Watchdog
 
 logger = logging.getLogger("hvdtrain")
 

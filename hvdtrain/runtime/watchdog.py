@@ -33,8 +33,6 @@ from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 logger = logging.getLogger("hvdtrain")
 
 EXIT_STALLED = 1
-# Horovod's error for a collective once its background loop stopped: a peer failed or left.
-HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 STALL_CHECK_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 STALL_SHUTDOWN_ENV = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 HOROVOD_GLOO_TIMEOUT_SECONDS = 30  # Horovod 0.28.1's default (gloo_context.cc)
