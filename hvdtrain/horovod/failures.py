@@ -8,9 +8,9 @@ was there (which still sees every other error):
   hvdtrain refuses, a bad ``HVDTRAIN_*`` value) ends the rank with ``PROGRAM: error:
   MESSAGE`` and exit status 2, as the Estimator's programs do
   (:func:`hvdtrain.estimator.errors.one_line_errors`);
-- Horovod's "has been shut down" on a rank whose peer failed or left (the peer's own output
-  says why) ends it with one line naming that peer, as far as the job's pulse saw it end
-  first, and exit status 1;
+- Horovod's "has been shut down" (or Gloo's error for a peer killed outright) on a rank
+  whose peer failed or left (the peer's own output says why) ends it with one line naming
+  that peer, as far as the job's pulse saw it end first, and exit status 1;
 - any error marks the session failed, so the exit makes no collective of its own.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Callable, Optional
 
-from ..ecosystem import HOROVOD_SHUT_DOWN
+from ..ecosystem import HOROVOD_FAILURES, HOROVOD_SHUT_DOWN
 from ..estimator.errors import one_line_errors, program_name
 from ..report.log import error_line
 
@@ -39,10 +39,12 @@ def install(current: Callable[[], Optional[object]]) -> None:
         session = current()
         if session is not None:
             session.failed = True
-        if HOROVOD_SHUT_DOWN not in str(value):
+        found = [m for m in HOROVOD_FAILURES if m in str(value)]  # the last: Gloo's words
+        marker = found[-1] if found else None
+        if marker is None:
             previous(kind, value, traceback)
             return
-        error_line(f"{program_name()}: error: {peer_gone_line(session)}")
+        error_line(f"{program_name()}: error: {peer_gone_line(session, marker)}")
         logging.shutdown()
         sys.stdout.flush()
         # Horovod's and MXNet's finalizers would wait for the peer that is gone.
@@ -52,14 +54,17 @@ def install(current: Callable[[], Optional[object]]) -> None:
     sys.excepthook = hook
 
 
-def peer_gone_line(session) -> str:
+def peer_gone_line(session, marker: str = HOROVOD_SHUT_DOWN) -> str:
     """What ended this rank's collective: the rank(s) the job's pulse last saw end first
-    (failed, or finished while this one still trained), else "another rank"."""
+    (failed, or finished while this one still trained), else "another rank"; `marker`:
+    Horovod's shut-down message, or Gloo's error for a peer killed outright."""
     rank = session.dist.rank if session is not None else None
     pulse = session.watchdog.pulse if session is not None else None
     ended = [r for r in (pulse.ended if pulse is not None else []) if r != rank]
     who = ("rank " + ", ".join(map(str, ended)) + (" has" if len(ended) == 1 else " have")
            if ended else "another rank has")
     here = f"rank {rank}: " if rank is not None else ""
+    cause = HOROVOD_SHUT_DOWN if marker == HOROVOD_SHUT_DOWN else \
+        f"a collective failed ({marker.strip(' [/')})"
     return (f"{here}{who} failed or left the job (its own output says why); "
-            f"{HOROVOD_SHUT_DOWN}, so this rank stops too")
+            f"{cause}, so this rank stops too")

@@ -177,5 +177,9 @@ def test_a_peer_gone_is_one_line_naming_it_and_other_errors_reach_the_previous_h
     assert line.endswith("error: rank 0: rank 1 has failed or left the job (its own output "
                          "says why); Horovod has been shut down, so this rank stops too"), line
     pulse.ended = []
-    sys.excepthook(mx.base.MXNetError, gone, None)
-    assert "rank 0: another rank has failed" in capfd.readouterr().err
+    killed = mx.base.MXNetError("[13:45:40] /gloo/transport/tcp/pair.cc:589: Read error "
+                                "[127.0.0.1]:33285: Connection reset by peer")
+    sys.excepthook(mx.base.MXNetError, killed, None)
+    assert exits == [1, 1] and seen == [mine]
+    assert "rank 0: another rank has failed or left the job (its own output says why); a " \
+           "collective failed (Connection reset by peer), so this rank stops too" in capfd.readouterr().err
