@@ -52,6 +52,7 @@ def folder(tmp_path_factory):
     """A user's folder of fetched scripts: one training script and one test file."""
     path = tmp_path_factory.mktemp("fetched")
     shutil.copy(os.path.join(HERE, "horovod_field_program.py"), path / "train_field.py")
+    shutil.copy(os.path.join(HERE, "say.py"), path / "say.py")  # the program's neighbour
     (path / "tests").mkdir()
     (path / "tests" / "test_field_ops.py").write_text(FIELD_TESTS)
     return path
