@@ -4,6 +4,7 @@ script under ``horovod.mxnet`` to show what the test would catch."""
 import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -169,10 +170,13 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
         assert "fault injected at horovod_step on rank 1" in proc.stdout, proc.stdout[-2000:]
         rank0 = [line for line in proc.stdout.splitlines() if line.startswith("[1,0]")]
         assert not any("Traceback" in line for line in rank0), proc.stdout[-3000:]
-        assert [line for line in rank0 if "error" in line.lower()] == [
-            "[1,0]<stderr>:horovod_script.py: error: rank 0: rank 1 has failed or left the "
-            "job (its own output says why); Horovod has been shut down, so this rank stops "
-            "too"], proc.stdout[-3000:]
+        # rank 1 named when the job's pulse made a round after rank 1 said it ended (as a
+        # rule; a loaded host may miss it: "another rank")
+        errors = [line for line in rank0 if "error" in line.lower()]
+        assert len(errors) == 1 and re.fullmatch(
+            r"\[1,0\]<stderr>:horovod_script\.py: error: rank 0: (rank 1|another rank) has "
+            r"failed or left the job \(its own output says why\); Horovod has been shut down, "
+            r"so this rank stops too", errors[0]), proc.stdout[-3000:]
     else:
         assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
 
