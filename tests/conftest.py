@@ -68,3 +68,26 @@ def digit_images(tmp_path_factory):
     RecordIO pack, shared by the tests of one session: (folder, pack)."""
     from helpers import image_sets
     return image_sets(str(tmp_path_factory.mktemp("digit-images")), per_class=60)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``HVDTRAIN_TEST_CPU=<file>``, append each test's CPU seconds (this process, and
+    the processes it started and reaped: their launchers reap the ranks) to `file`, setup and
+    teardown included: where the suite's two cores go (docs/development.md)."""
+    path = os.environ.get("HVDTRAIN_TEST_CPU")
+    if not path:
+        yield
+        return
+    import resource  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    def cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+    before = (cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), time.monotonic())
+    yield
+    spent = (cpu(resource.RUSAGE_SELF) - before[0], cpu(resource.RUSAGE_CHILDREN) - before[1],
+             time.monotonic() - before[2])
+    with open(path, "a") as log:
+        log.write(f"{item.nodeid}\t{spent[0]:.2f}\t{spent[1]:.2f}\t{spent[2]:.2f}\n")

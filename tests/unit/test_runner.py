@@ -248,14 +248,18 @@ def test_ending_a_tree_that_is_forking_leaves_no_orphan(tmp_path):
     ran on as an orphan (a worker outlived its job in CI). Here bash forks sleeps as fast as it
     can while the tree is ended: none may be left."""
     tag = f"{os.getpid()}-{time.monotonic_ns()}"
+    command_path = os.path.join(os.path.dirname(run_plan.__code__.co_filename), "command.py")
     ender = tmp_path / "ender.py"
     ender.write_text(textwrap.dedent(f"""
-        import os, subprocess, time
-        from hvdtrain.launch.command import _kill_descendants
-        subprocess.Popen(["bash", "-c", "for i in $(seq 3000); do sleep 60 & done; wait"],
+        import importlib.util, os, subprocess, time
+        # The module alone (standard library only): importing hvdtrain would import MXNet.
+        spec = importlib.util.spec_from_file_location("command", {command_path!r})
+        command = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(command)
+        subprocess.Popen(["bash", "-c", "while :; do sleep 60 & done"],
                          env=dict(os.environ, ORPHAN_CHECK="{tag}"))
-        time.sleep(0.5)  # bash is forking now
-        _kill_descendants(os.getpid())
+        time.sleep(0.3)  # bash is forking now
+        command._kill_descendants(os.getpid())
     """))
     subprocess.run([sys.executable, str(ender)], check=True, timeout=120)
 
