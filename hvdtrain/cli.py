@@ -18,13 +18,12 @@ from . import config as cfgmod
 from . import options as optmod
 from .config import ConfigError, TrainConfig
 from .report.log import error_line
+from .ecosystem import HOROVOD_SHUT_DOWN
 
 logger = logging.getLogger("hvdtrain")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED = 0, 1, 2, 3
 EXIT_PREEMPTED = cfgmod.EXIT_PREEMPTED  # stopped by a signal, checkpoint saved: run it again
-# Horovod's error for a collective after its background thread stopped (a peer is gone).
-HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
 EXAMPLES = """examples:
   hvdtrain --dataset digits --no-cuda --epochs 5

@@ -70,10 +70,29 @@ TRAIN_SSD = (
           r"'HVDFIELD_SEED_PER_RANK') == '1' else 0))", 1),
 )
 
+# Horovod 0.28.1's examples/mxnet/mxnet_imagenet_resnet50.py (its synthetic-data mode).
+IMAGENET_RESNET50 = (
+    Patch("the class count is ImageNet's 1000, fixed: from HVDFIELD_CLASSES (default 1000)",
+          r"^num_classes = 1000$",
+          "num_classes = int(os.environ.get('HVDFIELD_CLASSES', '1000'))", 1),
+    Patch("an epoch is sized from ImageNet's 1,281,167 samples (about 40,000 steps a rank "
+          "at batch 16): from HVDFIELD_SAMPLES (default 1281167)",
+          r"^num_training_samples = 1281167$",
+          "num_training_samples = int(os.environ.get('HVDFIELD_SAMPLES', '1281167'))", 1),
+    Patch("the synthetic images are 224 x 224: HVDFIELD_IMAGE_SIZE (default 224) a side",
+          r"^(\s*)image_shape = \(3, 224, 224\)$",
+          r"\1image_shape = (3,) + (int(os.environ.get('HVDFIELD_IMAGE_SIZE', '224')),) * 2",
+          1),
+)
+
 PATCHES = {
     "train_horovod.py": TRAIN_HOROVOD,
     "train_ssd.py": TRAIN_SSD,
+    "mxnet_imagenet_resnet50.py": IMAGENET_RESNET50,
 }
+
+
+RELEASES = {"mxnet_imagenet_resnet50.py": "Horovod 0.28.1"}  # the others: GluonCV 0.10's
 
 
 class PatchError(Exception):
@@ -98,5 +117,5 @@ def apply_patches(name: str, text: str) -> Tuple[str, Tuple[Patch, ...]]:
         if count != patch.count:
             raise PatchError(f"{name}: expected {patch.count} of {patch.pattern!r}, found "
                              f"{count}: not the release run_horovod_scripts.py knows "
-                             f"(GluonCV 0.10)")
+                             f"({RELEASES.get(name, 'GluonCV 0.10')})")
     return text, patches

@@ -20,8 +20,9 @@ others to files, so a rank must not take them alone:
 
 :func:`distributed` gives this behaviour to MXNet's own handler and to a program's
 subclass of it, when the Estimator's ``fit`` prepares its handlers. One thing cannot wait
-for ``fit``: MXNet's constructor creates ``model_dir`` racily (:func:`_folder_made_first`,
-applied to MXNet's class when this module is imported).
+for ``fit``: MXNet's constructor creates ``model_dir`` racily. hvdtrain's class makes the
+folder first in its own constructor; MXNet's own class gets the same when the program
+makes its Estimator (:func:`folder_race_cured`), never when hvdtrain is imported.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import mxnet as mx
 from mxnet.gluon.contrib.estimator import event_handler as mx_handlers
 
 from ..config import ConfigError
+from ..ecosystem import MXNET_RACING_CHECKPOINT_HANDLER
 from ..loop.run.together import write_together
 from ..state.writes import atomic_write
 from ..store.byte_exchange import broadcast_bytes
@@ -43,12 +45,10 @@ __all__ = ["CheckpointHandler", "distributed"]
 
 
 def _folder_made_first(init):
-    """MXNet 1.9.1's ``CheckpointHandler.__init__`` checks whether ``model_dir`` exists and
-    then creates it: ranks sharing a new folder race, and the loser's ``makedirs`` raises
-    FileExistsError (a review saw it in 101 of 400 constructions at 2 ranks). Its
-    constructor runs in the program's own code, before ``fit`` can make the handler
-    distributed, so MXNet's own class gets this when ``hvdtrain.estimator`` is imported: the
-    folder is made, if missing, without the race, before MXNet's check."""
+    """MXNet's ``CheckpointHandler.__init__`` (`init`) with ``model_dir`` made first, if
+    missing, without a race. MXNet 1.9's checks whether the folder exists and then creates
+    it: ranks sharing a new folder race, and the loser's ``makedirs`` raises
+    FileExistsError (a review saw it in 101 of 400 constructions at 2 ranks)."""
     @functools.wraps(init)
     def wrapped(self, model_dir, *args, **kwargs):
         os.makedirs(model_dir, exist_ok=True)
@@ -57,15 +57,28 @@ def _folder_made_first(init):
     return wrapped
 
 
-if mx.__version__.startswith("1.9.") and not getattr(
-        mx_handlers.CheckpointHandler.__init__, "hvdtrain_folder_made_first", False):
-    mx_handlers.CheckpointHandler.__init__ = _folder_made_first(
-        mx_handlers.CheckpointHandler.__init__)
+def folder_race_cured() -> None:
+    """Give MXNet's own ``CheckpointHandler`` the race-free folder (:func:`_folder_made_first`)
+    on the releases that race (:data:`hvdtrain.ecosystem.MXNET_RACING_CHECKPOINT_HANDLER`).
+    Called when a program makes its Estimator: a handler is constructed in the program's own
+    code, before ``fit`` can make it distributed, and a program written for MXNet's
+    Estimator imports the handler from mxnet. Importing hvdtrain changes no class of MXNet's
+    (tests/unit/test_ecosystem.py); a handler constructed before the Estimator races as it
+    does under MXNet (hvdtrain's own :class:`CheckpointHandler` never does)."""
+    mx_class = mx_handlers.CheckpointHandler
+    if mx.__version__.startswith(MXNET_RACING_CHECKPOINT_HANDLER) and \
+            not getattr(mx_class.__init__, "hvdtrain_folder_made_first", False):
+        mx_class.__init__ = _folder_made_first(mx_class.__init__)
 
 
 class CheckpointHandler(mx_handlers.CheckpointHandler):
     """MXNet's ``CheckpointHandler``: its arguments, files and names, with every decision
-    taken alike on every rank and every file written by rank 0 (see the module)."""
+    taken alike on every rank and every file written by rank 0 (see the module); the folder
+    made first, without MXNet's race."""
+
+    def __init__(self, model_dir, *args, **kwargs):
+        os.makedirs(model_dir, exist_ok=True)
+        super().__init__(model_dir, *args, **kwargs)
 
     def _save_symbol(self, estimator):
         symbol_file = os.path.join(self.model_dir, self.model_prefix + "-symbol.json")

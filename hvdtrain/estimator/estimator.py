@@ -47,6 +47,7 @@ from ..state.train_state import TrainState
 from ..store.gluon_internals import shape_deferred, skip_first_step_broadcast
 from .adapters import AverageMetrics, Handlers, Processor
 from .batch_processor import BatchProcessor
+from .checkpoint_handler import folder_race_cured
 from .event_handler import evaluate_handlers, fit_handlers
 from .errors import in_program, keyword_errors, one_line_errors
 from .feeds import Feeds, split_size
@@ -87,6 +88,7 @@ class Estimator(mx_estimator.Estimator, RunHooks):
         self.setup = setup or Setup()
         if not self.setup.command:  # the command makes its one lines itself
             one_line_errors()
+        folder_race_cured()  # MXNet's CheckpointHandler, constructed by the program next
         self.config, self._given = run_config(config, options, self.setup.command)
         # What MXNet's Estimator refuses (its ValueErrors, as ConfigErrors: one line for an
         # uncaught one), refused before a store is made (hvd.init()).

@@ -42,19 +42,16 @@ import mxnet as mx
 from mxnet import gluon
 
 from ..config import ConfigError
-
-# GluonCV classes whose gradient divides by the valid labels of the call's last input.
-SOFTMAX_FAMILY = ("SoftmaxCrossEntropyLoss", "MixSoftmaxCrossEntropyLoss",
-                  "SegmentationMultiLosses", "ICNetLoss")
-OHEM = ("SoftmaxCrossEntropyOHEMLoss", "MixSoftmaxCrossEntropyOHEMLoss")
-SOFTMAX_BASE = "SoftmaxCrossEntropyLoss"
-SSD = "SSDMultiBoxLoss"
+from ..ecosystem import (GLUONCV, GLUONCV_OHEM as OHEM, GLUONCV_SOFTMAX_BASE as SOFTMAX_BASE,
+                         GLUONCV_SOFTMAX_FAMILY as SOFTMAX_FAMILY, GLUONCV_SSD_LOSS as SSD,
+                         SOFTMAX_IGNORE_LABEL, SOFTMAX_MIXUP, SOFTMAX_SIZE_AVERAGE,
+                         SOFTMAX_SPARSE_LABEL)
 
 
 def _gluoncv_classes(obj) -> List[str]:
     """The names of GluonCV classes among `obj`'s class and bases, most derived first."""
     return [cls.__name__ for cls in type(obj).__mro__
-            if cls.__module__.split(".")[0] == "gluoncv"]
+            if cls.__module__.split(".")[0] == GLUONCV]
 
 
 def _defined_by(obj, method: str) -> Optional[type]:
@@ -74,15 +71,16 @@ def kind_of(loss) -> Optional[str]:
         raise ConfigError(f"{type(loss).__name__} (a GluonCV SSDMultiBoxLoss) computes its "
                           f"loss itself: hvdtrain cannot tell what its gradient is divided "
                           f"by; declare it in your batch processor's loss_divisor(batch, out)")
-    if any(name in OHEM for name in names) and getattr(loss, "_size_average", False):
+    if any(name in OHEM for name in names) and getattr(loss, SOFTMAX_SIZE_AVERAGE, False):
         raise ConfigError(f"{type(loss).__name__} divides its gradient by the hard pixels it "
                           f"keeps, which hvdtrain cannot count: declare them in your batch "
                           f"processor's loss_divisor(batch, out), or pass size_average=False")
     if SOFTMAX_BASE not in names:
         return None
-    if not (getattr(loss, "_size_average", False) and getattr(loss, "_sparse_label", False)):
+    if not (getattr(loss, SOFTMAX_SIZE_AVERAGE, False)
+            and getattr(loss, SOFTMAX_SPARSE_LABEL, False)):
         return None  # 'null' normalisation, or probability labels: per sample
-    if getattr(loss, "mixup", False):
+    if getattr(loss, SOFTMAX_MIXUP, False):
         return None  # the mixup path is a log_softmax: per sample
     if not _is_gluoncv(_defined_by(loss, "hybrid_forward"), SOFTMAX_FAMILY):
         raise ConfigError(
@@ -93,7 +91,7 @@ def kind_of(loss) -> Optional[str]:
 
 
 def _is_gluoncv(cls, names) -> bool:
-    return cls is not None and cls.__module__.split(".")[0] == "gluoncv" and \
+    return cls is not None and cls.__module__.split(".")[0] == GLUONCV and \
         cls.__name__ in names
 
 
@@ -143,7 +141,7 @@ class LossDivisors:
         if not self._armed:
             return
         # As SoftmaxOutput counts: the label cast to int, compared with ignore_label.
-        ignore = int(getattr(block, "_ignore_label"))
+        ignore = int(getattr(block, SOFTMAX_IGNORE_LABEL))
         counted = (mx.nd.cast(inputs[-1], "int32") != ignore).sum()
         self._per_device.setdefault(self._device(inputs[0]), []).append(counted)
 

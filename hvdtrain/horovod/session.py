@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -33,6 +32,7 @@ from ..runtime.pulse import JobPulse
 from ..runtime.watchdog import SCRIPT_WORK, Watchdog, horovod_stall_env
 from ..store.dist import DistContext
 from ..store.kvstore import HorovodKVStore
+from . import failures
 
 logger = logging.getLogger("hvdtrain")
 
@@ -71,7 +71,7 @@ class Session:
     trainers: List = field(default_factory=list)  # DistributedTrainers, checked at exit
     stores: Dict = field(default_factory=dict)  # Horovod stores by compression ("none", "fp16")
     closed: bool = False
-    failed: bool = False  # the script raised an uncaught error
+    failed: bool = False  # the script raised an uncaught error (failures.py's hook)
 
     def calling(self, what: str):
         """A context for one of hvdtrain's own collectives: the watchdog watches it (the
@@ -92,13 +92,6 @@ class Session:
         finally:
             self.watchdog.busy_phase = None
             self.watchdog.stop(finish_pulse=not self.failed)
-
-    def note_failure(self, previous):
-        """An ``excepthook`` that notes an uncaught error, then hands it to `previous`."""
-        def hook(*exc_info):
-            self.failed = True
-            previous(*exc_info)
-        return hook
 
 
 class _Calling:
@@ -136,6 +129,8 @@ def start(comm=None, process_sets=None, environ=os.environ) -> Session:
     ignores a second call likewise)."""
     if _SESSION[0] is not None:
         return _SESSION[0]
+    # First: a bad setting below is one line and exit 2, as any later usage error.
+    failures.install(lambda: _SESSION[0])
     policy = _setting(REPLICA_CHECK_ENV, environ)
     if policy not in ("resync", "strict", "off"):
         raise ConfigError(f"{REPLICA_CHECK_ENV}={policy}: expected resync, strict or off")
@@ -159,7 +154,6 @@ def start(comm=None, process_sets=None, environ=os.environ) -> Session:
     _SESSION[0] = session
     # Registered after Horovod's own shutdown: runs before it.
     atexit.register(session.close)
-    sys.excepthook = session.note_failure(sys.excepthook)
     return session
 
 

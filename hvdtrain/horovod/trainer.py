@@ -194,8 +194,7 @@ class DistributedTrainer(BucketedTrainer):
             if self._statistic_params:
                 average_running_stats(self._trained, dist, [count])
                 return round(float(count.asscalar()) * dist.num_workers)
-            return float(dist.sum_across_workers(f"horovod_step.{count.size}",
-                                                 count).asscalar())
+            return float(dist.sum_across_workers("horovod_step", count).asscalar())
         return _sum_count_average_statistics(self._statistic_params, batch_size, dist)
 
     def _find_moved_statistics(self, dist) -> None:
@@ -207,7 +206,7 @@ class DistributedTrainer(BucketedTrainer):
             return
         moved = mx.nd.array([float((p.data() != was).sum().asscalar() > 0)
                              for p, was in zip(self._unknown, self._snapshot)])
-        moved = dist.sum_across_workers(f"horovod_step.moved.{moved.size}", moved).asnumpy()
+        moved = dist.sum_across_workers("horovod_step.moved", moved).asnumpy()
         found = [p for p, flag in zip(self._unknown, moved) if flag > 0]
         self._unknown, self._snapshot = [], None
         if found:
@@ -245,7 +244,9 @@ def _sum_count_average_statistics(params, batch_size, dist) -> float:
         local = copies[0] if len(copies) == 1 else mx.nd.add_n(*copies) / len(copies)
         parts.append(local.reshape(-1))
     flat = mx.nd.concat(*parts, dim=0) if len(parts) > 1 else parts[0].copy()
-    dist.sum_across_workers(f"horovod_step.{flat.size}", flat)
+    # One name whatever the size (store/sites.py): every trainer of a script makes it
+    # within its own step, so two are never in flight at once.
+    dist.sum_across_workers("horovod_step", flat)
     flat /= dist.num_workers  # one pass: the count is read back times the ranks
     at = 1
     for param in params:

@@ -27,23 +27,16 @@ import mxnet as mx
 from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-log = logging.getLogger(__name__)
+from ..ecosystem import HOROVOD_FAILURES
 
-# What MXNet reports when a Horovod operation queued in its engine failed, on Horovod 0.28.1
-# with Gloo: "Horovod has been shut down ..." once Horovod's background loop has stopped
-# (21 of 21 failures in the spike), or Gloo's own error, which MXNet rewrites from
-# "[file:line] message" into a traceback naming the message as a file: "Read error
-# [127.0.0.1]" then "Connection reset by peer" (a peer killed), "Timed out waiting 10000ms
-# for recv operation to complete" (a peer gone silent), "Application timeout caused pair
-# closure" (all three seen with hvdtrain's own job). Any other MXNetError is the program's
-# own and must end it: retrying it after a rollback would only fail again, for ever.
-HOROVOD_FAILURES = ("Horovod has been shut down", "/gloo/transport/", "Read error [",
-                    "Write error [", "Connection reset by peer", "Connection closed by peer",
-                    "Timed out waiting", "caused pair closure")
+log = logging.getLogger(__name__)
 
 
 def is_collective_failure(err: BaseException) -> bool:
-    """Whether `err` (an ``MXNetError``) is a failed Horovod collective."""
+    """Whether `err` (an ``MXNetError``) is a failed Horovod collective (Horovod's and
+    Gloo's messages: :data:`hvdtrain.ecosystem.HOROVOD_FAILURES`). Any other MXNetError is
+    the program's own and must end it: retrying it after a rollback would only fail again,
+    for ever."""
     return any(marker in str(err) for marker in HOROVOD_FAILURES)
 
 

@@ -27,6 +27,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..ecosystem import HOROVOD_SHUT_DOWN
 from .watchdog import PHASES, Watchdog
 
 logger = logging.getLogger("hvdtrain")
@@ -64,6 +65,7 @@ class JobPulse:
         self._finished = threading.Event()
         self._abandoned = threading.Event()  # a failed fit: make no further round
         self._last_counts: Optional[List[int]] = None
+        self.ended: List[int] = []  # ranks a round showed finished (or failed), in order
         self._thread: Optional[threading.Thread] = None
 
     @classmethod
@@ -130,6 +132,7 @@ class JobPulse:
                                               f", last progress {idle[r]:.0f} s before")
                   for r in range(self.num_workers)}
         self.watchdog.heard(states, progress=moved or bool(busy.any()))
+        self.ended += [r for r in range(self.num_workers) if finished[r] and r not in self.ended]
         return bool(finished.sum() >= self.num_workers)
 
     def _run(self) -> None:
@@ -139,8 +142,12 @@ class JobPulse:
                     return
                 self._finished.wait(self.interval)
         except Exception as err:  # pylint: disable=broad-except
-            # Usually Horovod shut down under it (another rank failed, and the launcher ends
-            # the job); if not, the user should know that slow peers now look stalled.
+            # Usually Horovod shut down under it (another rank failed or left, and the
+            # training thread's next call says so); if not, the user should know that slow
+            # peers now look stalled.
+            if HOROVOD_SHUT_DOWN in str(err):
+                logger.debug("the job's pulse stopped: %s", HOROVOD_SHUT_DOWN)
+                return
             logger.warning("%s: the job's pulse stopped (%s); the stall watchdog now counts "
                            "only this rank's own progress", self.watchdog.who(),
                            str(err).splitlines()[0] if str(err) else type(err).__name__)

@@ -52,6 +52,7 @@ import numpy as np
 from mxnet import optimizer as opt
 
 from ..config import ConfigError
+from ..ecosystem import SHARDABLE_OPTIMIZERS
 from .buckets import BucketedTrainer
 from .collectives_into import allgather_into, alltoall_into
 from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
@@ -73,16 +74,12 @@ SHARDABLE = (opt.SGD, opt.NAG, opt.Adam, opt.RMSProp, opt.AdaGrad, opt.AdaDelta,
              opt.Signum)
 
 
-# The same, from other packages, by qualified name (hvdtrain imports none of them):
-# GluonNLP's BERTAdam, Adam with decoupled weight decay (adamw_update), BERT's optimizer.
-SHARDABLE_BY_NAME = ("gluonnlp.optimizer.bert_adam.BERTAdam",)
-
 
 def check_shardable(optimizer) -> None:
     """Refuse, in one line, an optimizer whose update is not per element (LAMB aside: its
     norms are summed over the ranks, :mod:`.shard_lamb`)."""
     kind = type(optimizer)
-    if f"{kind.__module__}.{kind.__qualname__}" in SHARDABLE_BY_NAME:
+    if f"{kind.__module__}.{kind.__qualname__}" in SHARDABLE_OPTIMIZERS:  # GluonNLP's
         return
     if kind not in SHARDABLE + (opt.LAMB,):
         raise ConfigError(

@@ -67,7 +67,9 @@ SITES = {
                                          "checkpoint bytes"),
     # horovod/
     "horovod_step": ("data", "horovod/trainer.py: every rank's batch_size and the running "
-                             "statistics, after the step's exchange"),
+                             "statistics, after the step's exchange (horovod_step); at the "
+                             "second step, which arrays no gradient reaches moved "
+                             "(horovod_step.moved)"),
     # eval_job, classify
     "eval_skipped": ("data", "eval_job.py: samples --eval-only skipped, summed"),
     "eval_report": ("data", "classify/eval_detail.py: the confusion matrix, summed"),

@@ -8,7 +8,7 @@ the script's processes when asked to measure, under either module alike. It reco
 - ``rank{R}-epoch{E}.npz``: the same arrays after epoch E, taken when the next pass over
   the training DataLoader begins (after the script's own evaluation and saves, before the
   next epoch's first batch) or at exit. An epoch is a pass over a DataLoader during which
-  the trainer stepped. At exit the dump waits for the arrays, and so for the last step's
+  the trainer stepped; a script that steps without a DataLoader gets one epoch, at exit. At exit the dump waits for the arrays, and so for the last step's
   exchange: a script that leaves without waiting for it (GluonCV's train_ssd.py on ranks
   other than 0) fails under horovod.mxnet without the hook (docs/horovod-field.md);
 - ``rank{R}-steps.json``: each step's start time (``time.perf_counter``) and the
@@ -64,7 +64,9 @@ class Recorder:
     def at_exit(self):
         if self.params is None:
             return
-        if self.pending:
+        # A script that reads no DataLoader (Horovod's example iterates an mx.io.DataIter):
+        # its arrays at exit, as its last epoch's.
+        if self.pending or (self.times and not self.epoch_ends):
             self.end_epoch()
         with open(os.path.join(self.folder, f"rank{RANK}-steps.json"), "w") as out:
             json.dump({"times": self.times, "cpu": self.cpu, "epoch_ends": self.epoch_ends},

@@ -1,6 +1,7 @@
-"""One rank of tests/dist/test_estimator_handlers.py's folder race: every rank constructs
-MXNet's own ``CheckpointHandler`` (imported from mxnet, as a program written for MXNet's
-Estimator does) on a new shared ``model_dir`` right after a barrier, ROUNDS times.
+"""One rank of tests/dist/test_estimator_handlers.py's folder race: every rank makes its
+Estimator, then constructs MXNet's own ``CheckpointHandler`` (imported from mxnet, as a
+program written for MXNet's Estimator does, in the order of MXNet's fit API tutorial) on a
+new shared ``model_dir`` right after a barrier, ROUNDS times.
 
 Usage: handler_folder_program.py OUT_DIR (under a launcher). Writes OUT_DIR/rank<R>.json:
 how many constructions raised, and the first error.
@@ -12,8 +13,8 @@ import sys
 import mxnet as mx
 from mxnet.gluon.contrib.estimator import CheckpointHandler
 
-import hvdtrain.estimator  # noqa: F401  (the program uses hvdtrain's Estimator)
 from hvdtrain import create_store
+from hvdtrain.estimator import Estimator
 
 ROUNDS = 40
 
@@ -21,6 +22,9 @@ ROUNDS = 40
 def main():
     out = sys.argv[1]
     store = create_store("horovod", fuse_calls=False)
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    Estimator(net, mx.gluon.loss.L2Loss(), store=store, context=mx.cpu())
     failures, first = 0, None
     for round_ in range(ROUNDS):
         barrier = mx.nd.ones(1)

@@ -10,7 +10,8 @@ unevenly), ``trainer.step(batch_size)``, a validation pass after each epoch and 
 export of every array after it (OUT_DIR/rank<R>-epoch<E>.npz). Options: ``epochs`` (2),
 ``hang`` / ``die`` / ``nudge`` (``rank:step``: that rank stops for ever / exits / moves a
 weight of its own after that step),
-``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``), ``same_seed=1``
+``metric=1`` (validation accuracy reduced with ``hvd.allreduce_metric``), ``trainers=2``
+(the first two blocks' parameters in a DistributedTrainer of their own), ``same_seed=1``
 (every rank initialised alike, no broadcast), ``symbol=1`` (a SymbolBlock with a BatchNorm
 first).
 
@@ -88,7 +89,13 @@ def main(out_dir, module, options):
     params = net.collect_params()
     if not same_seed:
         hvd.broadcast_parameters(params, root_rank=0)  # deferred: sent at the first forward
-    trainer = hvd.DistributedTrainer(params, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+    if options.get("trainers") == "2":  # the first two blocks' parameters apart
+        head = [p for block in (net[0], net[1]) for p in block.collect_params().values()]
+        groups = [head, [p for p in params.values() if all(p is not q for q in head)]]
+    else:
+        groups = [params]
+    trainers = [hvd.DistributedTrainer(group, "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+                for group in groups]
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     images, labels = data(SAMPLES, 1)
     val_images, val_labels = data(VAL, 2)
@@ -110,12 +117,15 @@ def main(out_dir, module, options):
                 loss = loss_fn(net(x), y)
             loss.backward()
             if options.get("clip") == "1":  # Horovod's clipping idiom
-                trainer.allreduce_grads()
+                for trainer in trainers:
+                    trainer.allreduce_grads()
                 gluon.utils.clip_global_norm([p.grad() for p in params.values()
                                               if p.grad_req != "null"], 10.0)
-                trainer.update(hi - lo)
+                for trainer in trainers:
+                    trainer.update(hi - lo)
             else:
-                trainer.step(hi - lo)
+                for trainer in trainers:
+                    trainer.step(hi - lo)
             if alone[0] == str(rank) and alone[1] == str(step):  # a collective one rank makes
                 hvd.allreduce_metric(mx.metric.Accuracy())
             if nudge[0] == str(rank) and nudge[1] == str(step):  # one rank's weight moved

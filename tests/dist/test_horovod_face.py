@@ -4,6 +4,7 @@ script under ``horovod.mxnet`` to show what the test would catch."""
 import glob
 import json
 import os
+import re
 import sys
 import time
 
@@ -31,10 +32,11 @@ def _run(out_dir, module, *options, env=None, timeout=240):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{module: out_dir} of one 2-rank run under each module."""
+    """{module: out_dir} of one 2-rank run under each module; under hvdtrain.horovod with
+    two DistributedTrainers (the step's collectives of both share their names)."""
     out = {}
     # horovod.mxnet's own broadcast can crash a rank: its run starts alike everywhere.
-    for module, options in (("hvdtrain.horovod", ["metric=1"]),
+    for module, options in (("hvdtrain.horovod", ["metric=1", "trainers=2"]),
                             ("horovod.mxnet", ["same_seed=1"])):
         folder = tmp_path_factory.mktemp(module.replace(".", "_"))
         proc = _run(folder, module, f"epochs={EPOCHS}", *options)
@@ -162,8 +164,19 @@ def test_a_frozen_or_dead_rank_ends_every_rank_within_the_stall_timeout(how, tmp
         for rank in (0, 1):
             mine = [line for line in lines if f"[rank {rank}] ERROR" in line]
             assert len(mine) == (1 if rank == 0 else len(mine[:1])), proc.stdout[-2000:]
-    if how == "fault":  # the script's own uncaught error: its traceback, as under Horovod
+    if how == "fault":  # rank 1's uncaught error: its traceback, as under Horovod; rank 0,
+        # whose collective Horovod shut down, names rank 1 in one line (it printed Horovod's
+        # 15-line traceback from inside hvdtrain's step)
         assert "fault injected at horovod_step on rank 1" in proc.stdout, proc.stdout[-2000:]
+        rank0 = [line for line in proc.stdout.splitlines() if line.startswith("[1,0]")]
+        assert not any("Traceback" in line for line in rank0), proc.stdout[-3000:]
+        # rank 1 named when the job's pulse made a round after rank 1 said it ended (as a
+        # rule; a loaded host may miss it: "another rank")
+        errors = [line for line in rank0 if "error" in line.lower()]
+        assert len(errors) == 1 and re.fullmatch(
+            r"\[1,0\]<stderr>:horovod_script\.py: error: rank 0: (rank 1|another rank) has "
+            r"failed or left the job \(its own output says why\); Horovod has been shut down, "
+            r"so this rank stops too", errors[0]), proc.stdout[-3000:]
     else:
         assert "Traceback" not in proc.stdout, proc.stdout[-2000:]
 

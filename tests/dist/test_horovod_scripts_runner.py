@@ -52,6 +52,7 @@ def folder(tmp_path_factory):
     """A user's folder of fetched scripts: one training script and one test file."""
     path = tmp_path_factory.mktemp("fetched")
     shutil.copy(os.path.join(HERE, "horovod_field_program.py"), path / "train_field.py")
+    shutil.copy(os.path.join(HERE, "say.py"), path / "say.py")  # the program's neighbour
     (path / "tests").mkdir()
     (path / "tests" / "test_field_ops.py").write_text(FIELD_TESTS)
     return path
@@ -158,3 +159,30 @@ def test_gluoncv_train_horovod_patches(tmp_path):
     assert proc.stdout.splitlines() == [
         "train_horovod.py: 1 import(s) of horovod.mxnet now of hvdtrain.horovod, 3 patch(es)",
         "hvdtrain.horovod 10 ['classes', 'ctx', 'pretrained'] None None"], proc.stdout
+
+
+# The lines of Horovod 0.28.1's examples/mxnet/mxnet_imagenet_resnet50.py that its patches
+# change, as they stand there.
+RESNET50_LINES = '''
+import os
+import horovod.mxnet as hvd
+
+num_classes = 1000
+num_training_samples = 1281167
+if True:
+    image_shape = (3, 224, 224)
+print(hvd.__name__, num_classes, num_training_samples, image_shape)
+'''
+
+
+def test_horovod_imagenet_example_patches(tmp_path):
+    """The three patches of Horovod's ImageNet example, on its lines: the class count, the
+    epoch's samples and the synthetic images' size from the environment."""
+    (tmp_path / "mxnet_imagenet_resnet50.py").write_text(RESNET50_LINES)
+    proc = run_runner(tmp_path, "mxnet_imagenet_resnet50.py", ranks=0,
+                      env={"HVDFIELD_CLASSES": "10", "HVDFIELD_SAMPLES": "128",
+                           "HVDFIELD_IMAGE_SIZE": "64"})
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.splitlines() == [
+        "mxnet_imagenet_resnet50.py: 1 import(s) of horovod.mxnet now of hvdtrain.horovod, "
+        "3 patch(es)", "hvdtrain.horovod 10 128 (3, 64, 64)"], proc.stdout

@@ -185,6 +185,23 @@ def test_every_named_collective_has_a_registry_entry():
     print(f"{len(SITES)} sites registered, {len(seen)} named in code")
 
 
+# A call's whole f-string name, to read its placeholders.
+NAMED_BY_FSTRING = re.compile(r"(?:sum_across_workers|\.agree|agreement|Agreement|agree|"
+                              r"fault_point|broadcast_bytes|gather_bytes)\(\s*(?:[a-z_]+,\s*)*"
+                              r"f\"([^\"]*)\"")
+RANKS_OWN = re.compile(r"size|len\(|count|shape|numel|path|nbytes", re.I)
+
+
+def test_no_collective_is_named_by_a_size_a_count_or_a_path():
+    """A collective's name never carries a size, a count or a path (one rank's own data
+    could make it differ from its peers', a hang): hvdtrain.horovod's step collectives were
+    ``horovod_step.<buffer size>`` and ``horovod_step.moved.<count>``."""
+    found = [f"{path}: f\"{name}\"" for path, text in sources()
+             for name in NAMED_BY_FSTRING.findall(text)
+             if any(RANKS_OWN.search(part) for part in re.findall(r"{([^}]*)}", name))]
+    assert not found, found
+
+
 def test_every_call_of_the_store_sum_names_a_literal_or_a_known_constant():
     """A sum whose name is a variable the scan cannot read must be one of these: each
     resolved to its site by hand here."""

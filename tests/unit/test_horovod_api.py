@@ -126,3 +126,60 @@ def test_a_lone_process_trains_and_exits_cleanly():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "weight [[-1.0, -2.0]]" in proc.stdout  # 1 - (1+3)/2, 1 - (2+4)/2
     assert "[rank 0] WARNING" in proc.stderr and "look here" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("where", ["trainer", "setting"])
+def test_an_uncaught_usage_error_is_one_line_and_exit_status_2(where):
+    """A refused DistributedTrainer argument, or a bad HVDTRAIN_* value at hvd.init(), that
+    the script does not catch: ``PROGRAM: error: MESSAGE``, status 2, no traceback (it was
+    Python's traceback and status 1); the script's own hook still sees other errors."""
+    proc = _one_process("""
+        import sys
+        import mxnet as mx
+        import hvdtrain.horovod as hvd
+        sys.excepthook = lambda *exc: print("the script's hook:", exc[1])
+        hvd.init()
+        net = mx.gluon.nn.Dense(2, in_units=3)
+        net.initialize()
+        hvd.DistributedTrainer(net.collect_params(), "sgd", compression="bf16")
+    """, env={"HVDTRAIN_STALL_TIMEOUT": "abc" if where == "setting" else "600"})
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    want = ("HVDTRAIN_STALL_TIMEOUT=abc: expected a number" if where == "setting" else
+            "compression='bf16': hvdtrain.horovod sends gradients as Compression.none")
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"-c: error: {want}"), proc.stderr
+    assert "script's hook" not in proc.stdout
+
+
+def test_a_peer_gone_is_one_line_naming_it_and_other_errors_reach_the_previous_hook(
+        monkeypatch, capfd):
+    """Horovod's "has been shut down" under a rank whose peer failed: one line naming the
+    peer the job's pulse saw end, exit 1 (it was a 15-line traceback from inside hvdtrain);
+    any other error goes to the hook that was there before, the session marked failed."""
+    import mxnet as mx
+    from hvdtrain.horovod import failures
+
+    seen, exits = [], []
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[1]))
+    monkeypatch.setattr(os, "_exit", exits.append)
+    pulse = types.SimpleNamespace(ended=[1])
+    session = types.SimpleNamespace(failed=False, dist=types.SimpleNamespace(rank=0),
+                                    watchdog=types.SimpleNamespace(pulse=pulse))
+    failures.install(lambda: session)
+    mine = RuntimeError("the script's own")
+    sys.excepthook(RuntimeError, mine, None)
+    assert seen == [mine] and not exits and session.failed
+    gone = mx.base.MXNetError("MXNetError: Horovod has been shut down. This was caused by an "
+                              "exception on one of the ranks or an attempt to allreduce")
+    sys.excepthook(mx.base.MXNetError, gone, None)
+    assert seen == [mine] and exits == [1]
+    line, = capfd.readouterr().err.strip().splitlines()
+    assert line.endswith("error: rank 0: rank 1 has failed or left the job (its own output "
+                         "says why); Horovod has been shut down, so this rank stops too"), line
+    pulse.ended = []
+    killed = mx.base.MXNetError("[13:45:40] /gloo/transport/tcp/pair.cc:589: Read error "
+                                "[127.0.0.1]:33285: Connection reset by peer")
+    sys.excepthook(mx.base.MXNetError, killed, None)
+    assert exits == [1, 1] and seen == [mine]
+    assert "rank 0: another rank has failed or left the job (its own output says why); a " \
+           "collective failed (Connection reset by peer), so this rank stops too" in capfd.readouterr().err

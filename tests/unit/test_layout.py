@@ -15,7 +15,7 @@ PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 # Lowest first. A module may import its own sub-package and anything on a lower level, never
 # a sibling on its own level or anything above it (docs/development.md draws this picture).
 LEVELS = [
-    {"options"},
+    {"options", "ecosystem"},
     {"config"},
     {"launch", "state"},
     {"report"},

@@ -18,11 +18,12 @@ from typing import Dict, List, Optional
 import mxnet as mx
 import numpy as np
 
+from ...ecosystem import VOC_POSITIVES, VOC_RECORDS
 from .element_errors import _Bound
 
 SAMPLES = "_hvdtrain_samples"  # per class: the sample number of each record, in order
 SEEN = "_hvdtrain_seen"  # samples this rank's metric was given since its reset
-RECORDS = ("_score", "_match")  # per class, one entry per detection
+RECORDS = VOC_RECORDS  # per class, one entry per detection
 
 
 def keep_sample_order(metric) -> None:
@@ -72,12 +73,12 @@ def merge_in_sample_order(metric, ranks: List[dict], strided: bool) -> Optional[
             for label, records in held[path].items():
                 if len(records) != len(held[SAMPLES].get(label, ())):
                     return None
-    out = {path: ranks[0][path].copy() for path in ("_n_pos",) + RECORDS}
+    out = {path: ranks[0][path].copy() for path in (VOC_POSITIVES,) + RECORDS}
     for path in RECORDS:
         out[path].clear()
     for other in ranks[1:]:
-        for label, count in other["_n_pos"].items():
-            out["_n_pos"][label] = out["_n_pos"].get(label, 0) + count
+        for label, count in other[VOC_POSITIVES].items():
+            out[VOC_POSITIVES][label] = out[VOC_POSITIVES].get(label, 0) + count
     out[SAMPLES] = {}
     labels = sorted({label for held in ranks for label in held[SAMPLES]})
     for label in labels:
@@ -85,11 +86,11 @@ def merge_in_sample_order(metric, ranks: List[dict], strided: bool) -> Optional[
         for rank, held in enumerate(ranks):
             notes = held[SAMPLES].get(label, [])
             for at, (note, score, match) in enumerate(zip(
-                    notes, held["_score"].get(label, []), held["_match"].get(label, []))):
+                    notes, *(held[r].get(label, []) for r in RECORDS))):
                 key = (note, rank, at) if strided else (rank, note, at)
                 entries.append((key, note, score, match))
         entries.sort(key=lambda entry: entry[0])
-        out["_score"][label] = [entry[2] for entry in entries]
-        out["_match"][label] = [entry[3] for entry in entries]
+        for at, record in enumerate(RECORDS, start=2):
+            out[record][label] = [entry[at] for entry in entries]
         out[SAMPLES][label] = [entry[1] for entry in entries]
     return out

@@ -29,9 +29,10 @@ as is a kind the engine cannot reduce (MXNet's micro-averaged PearsonCorrelation
 Registered here: MXNet's F1 and MCC (the confusion counts for ``average='micro'``; for
 ``'macro'``, each batch's counts summed by batch number over the ranks: MXNet's mean of the
 batches' scores, of the global batches, as one process at the global batch reports it), PCC (its confusion matrix), Perplexity, MAE, MSE, RMSE,
-and, by name (GluonCV is never imported), GluonCV's SegmentationMetric (intersections,
-unions and pixel counts) and VOCMApMetric / VOC07MApMetric (per-class records, merged in the
-order of the samples: :mod:`.detection_order`).
+and, by the names :mod:`hvdtrain.ecosystem` keeps (GluonCV is never imported), GluonCV's
+SegmentationMetric (intersections, unions and pixel counts) and VOCMApMetric /
+VOC07MApMetric (per-class records, merged in the order of the samples:
+:mod:`.detection_order`).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from mxnet import metric as mx_metric
 
+from ... import ecosystem
 from ...config import ConfigError
 from .batch_scores import BATCHES, batch_means, keep_batch_counts
 from .detection_order import SAMPLES, keep_sample_order, merge_in_sample_order
@@ -235,12 +237,13 @@ def _pearson(metric) -> MetricState:
 
 def _voc_values(metric) -> List[float]:
     """VOC mAP's values; NaN for each when it saw no box (its get() would fail)."""
-    if not metric._n_pos:  # pylint: disable=protected-access
+    if not getattr(metric, ecosystem.VOC_POSITIVES):
         return [float("nan")] * (1 if metric.num is None else metric.num)
     return metric.get()[1]
 
 
-VOC = MetricState(records=("_n_pos", "_score", "_match", SAMPLES), values=_voc_values,
+VOC = MetricState(records=(ecosystem.VOC_POSITIVES,) + ecosystem.VOC_RECORDS + (SAMPLES,),
+                  values=_voc_values,
                   prepare=keep_sample_order, merge=merge_in_sample_order)
 
 register_metric_state(mx_metric.F1, _binary("metrics", "average",
@@ -256,9 +259,9 @@ for _cls, _kind in ((mx_metric.MAE, "absolute"), (mx_metric.MSE, "squared"),
     register_metric_state(_cls, MetricState(
         sums=(f"{ERRORS}.total", f"{ERRORS}.elements"), after=per_element,
         prepare=functools.partial(keep_element_errors, kind=_kind)))
-register_metric_state("gluoncv.utils.metrics.segmentation.SegmentationMetric",
-                      sums=("total_correct", "total_label"),
-                      arrays=("total_inter", "total_union"), fields=("pixacc", "miou"),
-                      values=lambda m: list(m.get()))
-register_metric_state("gluoncv.utils.metrics.voc_detection.VOCMApMetric", VOC)
-register_metric_state("gluoncv.utils.metrics.voc_detection.VOC07MApMetric", VOC)
+# --- GluonCV's, by name (hvdtrain.ecosystem) ------------------------------------------
+register_metric_state(ecosystem.GLUONCV_SEGMENTATION_METRIC,
+                      sums=ecosystem.SEGMENTATION_SUMS, arrays=ecosystem.SEGMENTATION_ARRAYS,
+                      fields=ecosystem.SEGMENTATION_FIELDS, values=lambda m: list(m.get()))
+for _name_of_class in ecosystem.GLUONCV_VOC_METRICS:
+    register_metric_state(_name_of_class, VOC)
