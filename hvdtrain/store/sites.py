@@ -40,6 +40,8 @@ SITES = {
     # loop/engine
     "step_counts": ("data", "loop/engine/counts.py: the step's counts and votes, riding "
                             "the step's exchange"),
+    "train_step": ("agree", "loop/engine/step_verdict.py: a rank's batch or forward and "
+                            "backward pass failed; its verdict rode the step's counts"),
     "finite_check": ("data", "loop/engine/guard.py: the loss finite on every rank"),
     "train_totals": ("data", "loop/engine/epoch.py: an epoch's loss sum and sample count"),
     "metric_sums": ("data", "loop/engine/metrics.py: metric states summed"),

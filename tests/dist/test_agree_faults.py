@@ -37,6 +37,7 @@ SITES_IN_JOB = {
     "outputs_written": (2, 2, []),
     "replica_digests": (2, 2, []),
     "step_counts": (3, 2, []),
+    "train_step": (3, 2, []),  # counts made before the last pass (clipping), sent after
     "finite_check": (3, 2, []),
     "grad_norm": (3, 2, []),
     "train_totals": (1, 2, []),
