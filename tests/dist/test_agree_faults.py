@@ -18,8 +18,10 @@ import re
 import sys
 import time
 
+import mxnet as mx
 import pytest
 
+from hvdtrain.models import build_model
 from hvdtrain.state.checkpoint_files import changed_files, is_complete, read_meta
 from hvdtrain.store.sites import FAULT_ENV, SITES
 from helpers import run_command, tool
@@ -57,15 +59,12 @@ ELSEWHERE = {
                        "sample_stops_every_rank_alike",
     "shard_save": "test_shard_agree.py::test_a_failed_save_on_one_of_three_ranks_stops_"
                   "every_rank_with_the_same_line",
-    # Reached there, NOT faulted (data sites, the mechanism train_totals' fault tests):
+    # Reached there, NOT faulted (data sites, as train_totals, faulted in the job above):
     "skipped_samples": "test_estimator_handlers.py's 'empty' program (unusable validation "
                        "samples); faulted by hand it ends as a data site should, but took "
                        "41 s at load 14, over a new test's budget",
-    "metric_records": "test_metric_states.py (gathered metrics: PCC, VOC mAP; its program "
-                      "goes on after a failed kind, so a fault there would hang it)",
     "eval_skipped": "test_eval_only_ranks.py (--eval-only on a streamed folder: a trained "
                     "run first, two jobs)",
-    "eval_report": "test_eval_only_ranks.py (--eval-only: a trained run first, two jobs)",
     "horovod_step": "test_horovod_face.py::test_a_frozen_or_dead_rank_ends_every_rank_"
                     "within_the_stall_timeout[fault] (hvdtrain.horovod's step)",
     "elastic.commit": "test_elastic.py::test_a_rank_failing_inside_a_sharded_commit_leaves_"
@@ -76,6 +75,9 @@ ELSEWHERE = {
 
 # Sites the job above does not reach, faulted in a program that does (its command after the
 # launcher; OUT: a fresh folder): the same checks, without the job's stall bound and outputs.
+# The peers stopped by the launcher say so in a line where hvdtrain's signal handling runs
+# (fit, hvdtrain-check); a bare program, or evaluate() alone, dies silently (mpirun names
+# the failed rank): PEERS_SILENT.
 PROGRAM_SITES = {
     "replica_values": [sys.executable, os.path.join(HERE, "replica_sizes_program.py"),
                        "values"],  # values that differ: the check sums rank 0's, then gaps
@@ -84,7 +86,12 @@ PROGRAM_SITES = {
     "checkpoint_handler.files": [sys.executable, os.path.join(HERE, "handler_program.py"),
                                  "resume", "OUT"],  # rank 0's checkpoint, broadcast
     "check": [tool("hvdtrain-check"), "--rounds", "1", "--size-mb", "0.1"],
+    "metric_records": [sys.executable, os.path.join(HERE, "metric_fault_program.py")],
+    # WEIGHTS: an untrained bn_cnn's parameters, written by the test
+    "eval_report": [tool("hvdtrain"), "--eval-only", "--init-from", "WEIGHTS", "--model",
+                    "bn_cnn"] + DIGITS + ["--stall-timeout", str(STALL_S)],
 }
+PEERS_SILENT = {"replica_values", "replica_gaps", "metric_records", "eval_report"}
 # Sites whose failure on one rank the job outlives: faulted in the job, which must end well.
 OUTLIVED = {"hvdtrain.pulse": "test_a_pulse_round_failing_on_one_rank_is_made_again"}
 
@@ -136,7 +143,14 @@ def test_one_rank_failing_at_a_site_of_a_program_ends_every_rank_in_one_line(tmp
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, **{FAULT_ENV: f"{site}:1"})
-    command = [str(out) if part == "OUT" else part for part in PROGRAM_SITES[site]]
+    weights = tmp_path / "bn_cnn.params"
+    if "WEIGHTS" in PROGRAM_SITES[site]:
+        net = build_model("bn_cnn", 10)
+        net.initialize(mx.init.Xavier())
+        net(mx.nd.zeros((1, 1, 8, 8)))
+        net.save_parameters(str(weights))
+    command = [{"OUT": str(out), "WEIGHTS": str(weights)}.get(part, part)
+               for part in PROGRAM_SITES[site]]
     proc = run_command(launcher("ranks", 2) + ["-x", FAULT_ENV] + command, timeout=90,
                        env=env)
     assert proc.returncode != 0, proc.stdout[-3000:]
@@ -146,10 +160,7 @@ def test_one_rank_failing_at_a_site_of_a_program_ends_every_rank_in_one_line(tmp
              for rank in range(2)}
     cause = f"fault injected at {site} on rank 1 ({FAULT_ENV})"
     assert lines[1] and cause in lines[1][-1], lines
-    # Rank 0, stopped in the program's sum by the launcher (or Horovod's shut-down), says
-    # so where hvdtrain's signal handling runs (the Estimator, hvdtrain-check); the bare
-    # replica-check program dies silently, and mpirun names the failed rank.
-    assert lines[0] or site.startswith("replica_"), lines
+    assert lines[0] or site in PEERS_SILENT, lines  # stopped in the program's sum
 
 
 def _assert_outputs_whole(out):
