@@ -19,7 +19,9 @@ import sys
 import time
 
 import mxnet as mx
+import numpy as np
 import pytest
+from PIL import Image
 
 from hvdtrain.models import build_model
 from hvdtrain.state.checkpoint_files import changed_files, is_complete, read_meta
@@ -59,12 +61,6 @@ ELSEWHERE = {
                        "sample_stops_every_rank_alike",
     "shard_save": "test_shard_agree.py::test_a_failed_save_on_one_of_three_ranks_stops_"
                   "every_rank_with_the_same_line",
-    # Reached there, NOT faulted (data sites, as train_totals, faulted in the job above):
-    "skipped_samples": "test_estimator_handlers.py's 'empty' program (unusable validation "
-                       "samples); faulted by hand it ends as a data site should, but took "
-                       "41 s at load 14, over a new test's budget",
-    "eval_skipped": "test_eval_only_ranks.py (--eval-only on a streamed folder: a trained "
-                    "run first, two jobs)",
     "horovod_step": "test_horovod_face.py::test_a_frozen_or_dead_rank_ends_every_rank_"
                     "within_the_stall_timeout[fault] (hvdtrain.horovod's step)",
     "elastic.commit": "test_elastic.py::test_a_rank_failing_inside_a_sharded_commit_leaves_"
@@ -73,6 +69,8 @@ ELSEWHERE = {
 }
 
 
+IMAGE_FLAGS = ["--dataset", "imagefolder", "--data-dir", "IMAGES", "--image-size", "16",
+               "--no-cuda", "--log-interval", "0", "--stall-timeout", str(STALL_S)]
 # Sites the job above does not reach, faulted in a program that does (its command after the
 # launcher; OUT: a fresh folder): the same checks, without the job's stall bound and outputs.
 # The peers stopped by the launcher say so in a line where hvdtrain's signal handling runs
@@ -90,8 +88,15 @@ PROGRAM_SITES = {
     # WEIGHTS: an untrained bn_cnn's parameters, written by the test
     "eval_report": [tool("hvdtrain"), "--eval-only", "--init-from", "WEIGHTS", "--model",
                     "bn_cnn"] + DIGITS + ["--stall-timeout", str(STALL_S)],
+    # IMAGES: a small image folder the test writes (a streamed loader: what it left out is
+    # counted), WEIGHTS then an untrained pool_cnn's
+    "eval_skipped": [tool("hvdtrain"), "--eval-only", "--init-from", "WEIGHTS", "--model",
+                     "pool_cnn"] + IMAGE_FLAGS,
+    "skipped_samples": [tool("hvdtrain"), "--model", "pool_cnn", "--epochs", "1",
+                        "--batch-size", "4", "--output-dir", "OUT"] + IMAGE_FLAGS,
 }
-PEERS_SILENT = {"replica_values", "replica_gaps", "metric_records", "eval_report"}
+PEERS_SILENT = {"replica_values", "replica_gaps", "metric_records", "eval_report",
+                "eval_skipped"}
 # Sites whose failure on one rank the job outlives: faulted in the job, which must end well.
 OUTLIVED = {"hvdtrain.pulse": "test_a_pulse_round_failing_on_one_rank_is_made_again"}
 
@@ -143,14 +148,18 @@ def test_one_rank_failing_at_a_site_of_a_program_ends_every_rank_in_one_line(tmp
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, **{FAULT_ENV: f"{site}:1"})
-    weights = tmp_path / "bn_cnn.params"
+    weights, images = tmp_path / "weights.params", tmp_path / "images"
+    if "IMAGES" in PROGRAM_SITES[site]:
+        _write_images(images)
     if "WEIGHTS" in PROGRAM_SITES[site]:
-        net = build_model("bn_cnn", 10)
+        model, shape = ("pool_cnn", (1, 3, 16, 16)) if "IMAGES" in PROGRAM_SITES[site] \
+            else ("bn_cnn", (1, 1, 8, 8))
+        net = build_model(model, len(CLASSES) if model == "pool_cnn" else 10)
         net.initialize(mx.init.Xavier())
-        net(mx.nd.zeros((1, 1, 8, 8)))
+        net(mx.nd.zeros(shape))
         net.save_parameters(str(weights))
-    command = [{"OUT": str(out), "WEIGHTS": str(weights)}.get(part, part)
-               for part in PROGRAM_SITES[site]]
+    command = [{"OUT": str(out), "WEIGHTS": str(weights), "IMAGES": str(images)}.get(p, p)
+               for p in PROGRAM_SITES[site]]
     proc = run_command(launcher("ranks", 2) + ["-x", FAULT_ENV] + command, timeout=90,
                        env=env)
     assert proc.returncode != 0, proc.stdout[-3000:]
@@ -161,6 +170,22 @@ def test_one_rank_failing_at_a_site_of_a_program_ends_every_rank_in_one_line(tmp
     cause = f"fault injected at {site} on rank 1 ({FAULT_ENV})"
     assert lines[1] and cause in lines[1][-1], lines
     assert lines[0] or site in PEERS_SILENT, lines  # stopped in the program's sum
+
+
+CLASSES = ("ant", "bee", "cat")
+
+
+def _write_images(root):
+    """16x16 PNGs: 4 a class to train on, 2 to validate, and an empty file among the
+    latter (left out, counted)."""
+    rng = np.random.default_rng(2)
+    for split, count in (("train", 4), ("val", 2)):
+        for name in CLASSES:
+            os.makedirs(root / split / name)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3)).astype(np.uint8)).save(
+                    root / split / name / f"{i}.png")
+    (root / "val" / "bee" / "9-empty.png").write_bytes(b"")
 
 
 def _assert_outputs_whole(out):
