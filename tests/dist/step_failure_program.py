@@ -3,8 +3,10 @@ rank named on the command line raises at its 3rd training batch, as a processor'
 of its data would (``ValueError``). Every rank must stop at that step with the same line,
 and no rank may apply it.
 
-Usage: python step_failure_program.py OUT_DIR FAILING_RANK [KWARG=VALUE ...]
-(under a launcher; the KWARGs go to the Estimator, e.g. clip_grad_norm=5)
+Usage: python step_failure_program.py OUT_DIR FAILING_RANK [divided] [KWARG=VALUE ...]
+(under a launcher; the KWARGs go to the Estimator, e.g. clip_grad_norm=5; ``divided``: the
+processor says its loss divides by the batch's count, ``loss_divisor``, so the step's
+counts travel with the divisors)
 
 The line is ``step_failure_program.py: error: ...`` (exit status 1). Writes
 OUT_DIR/rank<R>.npz: every array when the error came out (``now.*``) and after the last
@@ -46,6 +48,13 @@ class Refusing(BatchProcessor):
         return super().fit_batch(estimator, train_batch, batch_axis)
 
 
+class RefusingDivided(Refusing):
+    """:class:`Refusing` whose loss (it says) divides its gradient by the batch's count."""
+
+    def loss_divisor(self, batch, out):
+        return float(batch[0].shape[0])
+
+
 class Keeper(BatchEnd):
     """Every array after each step this rank ended."""
 
@@ -57,15 +66,17 @@ class Keeper(BatchEnd):
 
 
 def main():
-    out, failing = sys.argv[1], int(sys.argv[2])
-    options = {k: float(v) for k, v in (a.split("=", 1) for a in sys.argv[3:])}
+    out, failing, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    divided = rest[:1] == ["divided"]
+    options = {k: float(v) for k, v in (a.split("=", 1) for a in rest[divided:])}
     mx.random.seed(7)
     net = regression.make_net()
     net.initialize(mx.init.Xavier())
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05})
     keeper = Keeper()
     estimator = Estimator(net, gluon.loss.L2Loss(), trainer=trainer, **options,
-                          batch_processor=Refusing(fails=False))
+                          batch_processor=(RefusingDivided if divided else Refusing)(
+                              fails=False))
     estimator.batch_processor.fails = estimator.rank == failing
     train = gluon.data.ArrayDataset(*regression.make_data(TRAIN, 2))
     try:

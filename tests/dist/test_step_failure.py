@@ -2,8 +2,9 @@
 every rank stops at that step with the same line, naming the cause and the rank, and no
 rank applies the step (issue 63, "Agree, then act": the step's verdict rides its counts).
 Before, the failing rank left alone and mpirun's SIGTERM ended the other, which printed
-that and not the cause. Both ways the counts travel: right after the gradients (the default
-exchange) and, under clipping, made before the step's last pass and sent after it."""
+that and not the cause. The three ways the counts travel: right after the gradients (the
+default exchange), made before the step's last pass and sent after it (clipping), and with
+the loss's divisors (a processor's ``loss_divisor``)."""
 import os
 import re
 import sys
@@ -19,7 +20,8 @@ TAG = re.compile(r"\[1,\d+\]<std\w+>:")  # mpirun's tags, wherever they fall
 PROGRAM = os.path.join(HERE, "step_failure_program.py")
 
 
-@pytest.mark.parametrize("options", [[], ["clip_grad_norm=5"]], ids=["default", "clipped"])
+@pytest.mark.parametrize("options", [[], ["clip_grad_norm=5"], ["divided"]],
+                         ids=["default", "clipped", "divided"])
 def test_a_step_failing_on_one_rank_stops_every_rank_with_its_cause(tmp_path, options):
     proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path), "1"]
                        + options, timeout=90)
