@@ -65,9 +65,9 @@ class StepVerdict:
             return method(*args)
         except Exception as error:  # pylint: disable=broad-except
             from ...runtime.elastic_run import is_collective_failure  # loads Horovod
-            if isinstance(error, (AgreedError, AgreedConfigError)) or (isinstance(error, mx.base.MXNetError)
-                                              and is_collective_failure(error)):
-                raise  # already every rank's, or a peer gone: nothing left to agree with
+            lost = isinstance(error, mx.base.MXNetError) and is_collective_failure(error)
+            if lost or isinstance(error, (AgreedError, AgreedConfigError)):
+                raise  # a peer gone (nothing left to agree with), or every rank's already
             self.error = error
             return None
 
