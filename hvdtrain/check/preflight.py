@@ -187,7 +187,12 @@ def main(argv=None) -> int:
     if args.size_mb <= 0 or args.rounds < 1:
         error_line("hvdtrain-check: error: --size-mb and --rounds must be positive")
         return EXIT_USAGE
-    return run_check(args)
+    try:
+        return run_check(args)
+    except Exception as err:  # pylint: disable=broad-except
+        # A rank failing in the check's own sums (the others end by the launcher's kill)
+        error_line(f"hvdtrain-check: error: {one_line(err)}")
+        return EXIT_FAILED
 
 
 def run() -> None:

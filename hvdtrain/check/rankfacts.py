@@ -27,8 +27,11 @@ COLUMNS = ("rank", "host", "local", "hvdtrain", "mxnet", "horovod", "numpy", "bu
 
 
 def one_line(err: BaseException) -> str:
+    """`err`'s type and its message's first line (once: MXNet's errors already start with
+    their type)."""
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
+    first, name = (text[0] if text else ""), type(err).__name__
+    return first if first.startswith(f"{name}: ") else f"{name}: {first}"
 
 
 def image_format(data_dir: str) -> Optional[str]:

@@ -136,18 +136,30 @@ class JobPulse:
         return bool(finished.sum() >= self.num_workers)
 
     def _run(self) -> None:
-        try:
-            while not self._abandoned.is_set():
+        failed = False  # the round before failed on this rank
+        while not self._abandoned.is_set():
+            try:
                 if self.observe(np.asarray(self._exchange(self.vector()))):
                     return
-                self._finished.wait(self.interval)
-        except Exception as err:  # pylint: disable=broad-except
-            # Usually Horovod shut down under it (another rank failed or left, and the
-            # training thread's next call says so); if not, the user should know that slow
-            # peers now look stalled.
-            if HOROVOD_SHUT_DOWN in str(err):
-                logger.debug("the job's pulse stopped: %s", HOROVOD_SHUT_DOWN)
-                return
-            logger.warning("%s: the job's pulse stopped (%s); the stall watchdog now counts "
-                           "only this rank's own progress", self.watchdog.who(),
-                           str(err).splitlines()[0] if str(err) else type(err).__name__)
+            except Exception as err:  # pylint: disable=broad-except
+                if HOROVOD_SHUT_DOWN in str(err):
+                    # Another rank failed or left: the training thread's next call says so.
+                    logger.debug("the job's pulse stopped: %s", HOROVOD_SHUT_DOWN)
+                    return
+                why = str(err).splitlines()[0] if str(err) else type(err).__name__
+                if failed:
+                    # If Horovod did not shut down, the user should know that slow peers
+                    # now look stalled.
+                    logger.warning("%s: the job's pulse stopped (%s); the stall watchdog "
+                                   "now counts only this rank's own progress",
+                                   self.watchdog.who(), why)
+                    return
+                # Once, at once: the others wait in this round, and a pulse that left it
+                # would keep them there until a healthy job's end (every rank's watchdog
+                # then fires, each blaming the other).
+                logger.warning("%s: a round of the job's pulse failed here (%s); making it "
+                               "again", self.watchdog.who(), why)
+                failed = True
+                continue
+            failed = False
+            self._finished.wait(self.interval)

@@ -101,9 +101,10 @@ def fault_named(name: str, rank: int) -> None:
 
 
 def fault_point(site: str, rank: int) -> None:
-    """Raise :class:`FaultInjected` here if asked to (a site the verdict cannot carry: the
-    step's own data exchange, where a failing rank leaves and the stall bound ends the
-    others)."""
+    """Raise :class:`FaultInjected` here if asked to: before a data exchange no verdict
+    rides (a failing rank leaves, and the launcher or the stall bound ends the others), or
+    where the failure is kept and agreed later (the training step's pass,
+    loop/engine/step_verdict.py)."""
     _registered(site)
     if fault_due(site, rank):
         raise FaultInjected(f"fault injected at {site} on rank {rank} ({FAULT_ENV})")

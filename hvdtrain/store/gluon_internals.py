@@ -352,7 +352,23 @@ def optimizer_states(trainer, alone: bool = False) -> bytes:
     (`alone`: called by one rank only, which must not gather; :mod:`.sharded`)."""
     if hasattr(trainer, "whole_states_later"):
         return trainer.whole_states_later(alone=alone)()
-    return trainer._updaters[0].get_states(dump_optimizer=True)  # pylint: disable=protected-access
+    updater = trainer._updaters[0]  # pylint: disable=protected-access
+    in_index_order(updater.states)
+    in_index_order(updater.optimizer)
+    return updater.get_states(dump_optimizer=True)
+
+
+def in_index_order(holder) -> None:
+    """Reorder, in place, by parameter index: `holder` an updater's states (a dict), or an
+    optimizer's update counts (one dict per device). pickle keeps a dict's insertion order,
+    and a rank inserts in the order it updates (a sharded rank its own pieces first), so
+    the same values would save as other bytes on each rank; sorted, every rank's are the
+    same. The order means nothing to MXNet: counts and states are read by index."""
+    counts = getattr(holder, "_all_index_update_counts", None)
+    for table in [holder] if counts is None else counts.values():
+        ordered = sorted(table.items(), key=lambda item: (type(item[0]).__name__, item[0]))
+        table.clear()
+        table.update(ordered)
 
 
 def updater_states(trainer) -> List[dict]:
@@ -393,6 +409,7 @@ def states_later(states: dict, optimizer, copy: bool = True) -> StatesLater:
     """:func:`optimizer_states_later` of per-parameter `states` (an updater's, or a sharded
     trainer's gathered whole) and their `optimizer`; `copy` False: `states` are arrays of
     their own on the CPU already, which training does not change (kept, not copied)."""
+    in_index_order(optimizer)  # the same bytes on every rank
     param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
     try:
         frozen = pickle.dumps(optimizer)
@@ -400,6 +417,7 @@ def states_later(states: dict, optimizer, copy: bool = True) -> StatesLater:
         optimizer.param_dict = param_dict
     copied = {index: _copied(state) for index, state in states.items()} if copy \
         else dict(states)
+    in_index_order(copied)
     _copied(list(copied.values()), wait=True)
     return StatesLater(copied, frozen)
 

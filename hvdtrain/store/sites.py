@@ -7,8 +7,9 @@ exchange the verdict cannot ride (``data``: the step's own exchange, where a fai
 leaves and Horovod's shut-down or the watchdog's stall bound ends the others), or is a
 store's own (``store``). tests/unit/test_agree.py fails when a call site names a
 collective that has no entry here; tests/dist/test_agree_faults.py makes one rank fail at
-each ``agree`` and ``data`` site and checks every rank leaves within the bound, one line
-each. Names here are the sites'; a collective's full name adds a key every rank has alike
+each ``agree`` and ``data`` site (in its job, or a program that reaches the site; the few
+it does not fault are listed there, with why) and checks every rank leaves within the
+bound, one line each. Names here are the sites'; a collective's full name adds a key every rank has alike
 (a metric's name), never a rank's own size, count or path.
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ SITES = {
     # loop/engine
     "step_counts": ("data", "loop/engine/counts.py: the step's counts and votes, riding "
                             "the step's exchange"),
+    "train_step": ("agree", "loop/engine/step_verdict.py: a rank's batch or forward and "
+                            "backward pass failed; its verdict rode the step's counts"),
     "finite_check": ("data", "loop/engine/guard.py: the loss finite on every rank"),
     "train_totals": ("data", "loop/engine/epoch.py: an epoch's loss sum and sample count"),
     "metric_sums": ("data", "loop/engine/metrics.py: metric states summed"),

@@ -4,10 +4,12 @@ Usage: shard_agree_program.py OUT_DIR CASE (under a launcher)
 
 - ``save``: three steps, then ``save_states`` on every rank, each given its own path
   (OUT_DIR/states-rank<R>): rank 0 alone writes (OUT_DIR/rank<R>.json says which files
-  exist after the call, and the state's parameter count).
+  exist after the call, the state's parameter count, and the SHA-256 of the state's
+  bytes as this rank holds them, gathered: what an elastic commit keeps).
 - ``stale``: at the second step rank 1 leaves one parameter without a gradient; every rank
   prints its error in one line, ``shard_agree_program.py: error: ...``, and exits 1.
 """
+import hashlib
 import json
 import os
 import pickle
@@ -55,7 +57,8 @@ def main():
             count = len(states[0] if isinstance(states, tuple) else states) \
                 if states is not None else None
             with open(os.path.join(out, f"rank{rank}.json"), "w") as dump:
-                json.dump({"files": files, "states": count}, dump)
+                json.dump({"files": files, "states": count, "sha256": hashlib.sha256(
+                    trainer.whole_states_later()()).hexdigest()}, dump)
     except (RuntimeError, UserWarning) as err:
         say(f"shard_agree_program.py: error: {' '.join(str(err).split())}")
         getattr(err, "leave", lambda: None)()

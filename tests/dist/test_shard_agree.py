@@ -17,13 +17,16 @@ PROGRAM = os.path.join(HERE, "shard_agree_program.py")
 def test_save_states_is_written_by_rank_0_alone(tmp_path):
     """``save_states`` gathers on every rank (a collective) and rank 0 alone writes: given
     each rank's own path, only rank 0's file exists, holding every parameter's state
-    (before, every rank wrote, and on a shared folder N ranks truncated one file)."""
-    proc = run_command(launcher("ranks", 2) + [sys.executable, PROGRAM, str(tmp_path),
+    (before, every rank wrote, and on a shared folder N ranks truncated one file). At 3
+    ranks the gathered state's bytes are the same on every rank (before, each rank pickled
+    the update counts in the order it counted them: its own pieces first)."""
+    proc = run_command(launcher("ranks", 3) + [sys.executable, PROGRAM, str(tmp_path),
                                                "save"], timeout=90)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
-    assert reports[0]["files"] == reports[1]["files"] == ["states-rank0"], reports
+    reports = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(3)]
+    assert all(r["files"] == ["states-rank0"] for r in reports), reports
     assert reports[0]["states"] == 4  # two Dense layers: weight and bias each
+    assert len({r["sha256"] for r in reports}) == 1, reports
     assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]
 
 

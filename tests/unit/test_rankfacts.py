@@ -8,7 +8,8 @@ import pytest
 
 from hvdtrain.data.datasets import CIFAR_TEST_FILE, write_cifar_files
 from hvdtrain.check.preflight import launched_by_mpi, main
-from hvdtrain.check.rankfacts import COLUMNS, check_data_dir, collect, format_report, judge
+from hvdtrain.check.rankfacts import (COLUMNS, check_data_dir, collect, format_report, judge,
+                                      one_line)
 
 
 def facts(rank, **changes):
@@ -127,3 +128,12 @@ def test_help_says_what_data_dir_checks_now():
     for needle in ("image folder train/<class>/", "RecordIO pack train.rec/.idx",
                    "CIFAR-10 binary files", "every rank holds the same images or pack"):
         assert needle in text, (needle, text)
+
+
+def test_an_error_is_named_by_its_type_once():
+    """MXNet's errors start with their type already: "MXNetError: MXNetError: ..." was
+    printed by a rank whose Horovod had shut down under hvdtrain-check (issue 63)."""
+    import mxnet as mx
+    assert one_line(ValueError("bad\nmore")) == "ValueError: bad"
+    assert one_line(mx.base.MXNetError("MXNetError: Horovod has been shut down.")) == \
+        "MXNetError: Horovod has been shut down."

@@ -99,3 +99,24 @@ def test_rmse_reads_nothing_per_batch_and_reports_per_element(monkeypatch):
     assert rmse.get()[1] == pytest.approx(
         math.sqrt((np.sum((pred - y) ** 2) + np.sum((pred[:4] + 1.0 - y[:4]) ** 2)) / 44),
         rel=1e-5)
+
+
+def test_counts_made_before_the_pass_are_sent_after_it_with_the_verdict():
+    """``submit(later=True)`` (before the step's last pass) sums nothing until ``send``,
+    which carries the rank's verdict word: summed into ``failed``."""
+    names = []
+
+    class Counting(Summing):
+        def sum_across_workers(self, name, values):
+            names.append(name)
+            return super().sum_across_workers(name, values)
+
+    counts = StepCounts(Counting(), exchange=True)
+    counts.submit(32, 0, (0, 1), later=True)
+    assert names == []
+    counts.send(False)
+    assert counts.result() == (64, 0, (0, 2)) and counts.failed == 0
+    counts.submit(32, 0, (0, 1), later=True)
+    counts.send(True)  # this rank's pass raised: the word set (doubled by the fake)
+    assert counts.result() == (64, 0, (0, 2)) and counts.failed == 2
+    assert names == ["step_counts", "step_counts"]

@@ -222,3 +222,32 @@ def test_a_scripts_own_work_is_cut_short_only_when_the_pulse_goes_quiet(caplog):
     dog.heard({0: "training", 1: "training"}, progress=True)
     clock.now += 31
     assert dog.check() and exits == [1]
+
+
+def test_a_pulse_round_that_fails_on_one_rank_is_made_again(caplog):
+    """Rank 1's exchange fails once before it joins a round: it says so and joins that
+    round again, so both pulses end together (issue 63). Before, rank 1's pulse left and
+    rank 0's waited in the round for ever."""
+    collective = InProcessSum(2)
+    failures = []
+
+    def failing_once(vector, exchange=collective.exchange_for(1)):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the pulse's sum failed here")
+        return exchange(vector)
+
+    dogs = [Watchdog(60, rank=r, exit=lambda code: None) for r in (0, 1)]
+    pulses = [JobPulse(dogs[0], collective.exchange_for(0), 0, 2, interval=0.05),
+              JobPulse(dogs[1], failing_once, 1, 2, interval=0.05)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="hvdtrain"):
+            for pulse in pulses:
+                pulse.start()
+            pulses[0].finish(timeout=0.5)  # rank 0 has finished: it waits for rank 1
+            assert pulses[1].finish(timeout=30) and pulses[0].finish(timeout=30)
+        said = [r.getMessage() for r in caplog.records if "pulse" in r.getMessage()]
+        assert len(said) == 1 and "a round of the job's pulse failed here (the pulse's " \
+            "sum failed here); making it again" in said[0], said
+    finally:
+        collective.barrier.abort()

@@ -11,6 +11,9 @@ the update needs it. The same exchange carries every rank's vote on whether to s
 at this step (hvdtrain/loop/run/boundary.py), so it runs in every synchronous run of more than one
 worker that votes (all but ``--elastic``), in-memory datasets included (whose batches have the
 same size on every rank): its cost is in docs/performance.md ("The step's own allreduce").
+Its last word is this rank's verdict on its step (1: its batch or pass failed,
+:mod:`.step_verdict`), so a rank that fails still joins the step's exchange and every rank
+learns it there.
 """
 from __future__ import annotations
 
@@ -81,35 +84,58 @@ class StepCounts:
         self.dist = dist
         self.exchange = exchange
         self._pending: Optional[mx.nd.NDArray] = None
+        self._prepared: Optional[mx.nd.NDArray] = None  # submitted `later`, not yet sent
         self._local: Tuple[int, int, Tuple[int, ...]] = (0, 0, ())
         self._local_divisor: Optional[float] = None
         self._vectors: dict = {}  # (values, dtype) -> an array of them, never sent itself
         # The step's loss divisor summed over the workers, set by result() when submitted
         # with one (divisors.py): what the summed gradient is divided by besides the count.
         self.divisor: Optional[float] = None
+        self.failed = 0  # ranks whose step failed (the verdict words summed), set by result()
 
     def submit(self, used: int, skipped: int, votes: Sequence[int] = (),
-               divisor: Optional[float] = None) -> None:
-        """This rank's samples used and left out in the step about to finish, its `votes`
-        and its loss `divisor` (None: per-sample losses); the sum over the workers starts
-        now, in the background, when exchanged."""
+               divisor: Optional[float] = None, failed: bool = False,
+               later: bool = False) -> None:
+        """This rank's samples used and left out in the step about to finish, its `votes`,
+        its loss `divisor` (None: per-sample losses) and whether its step `failed`; the sum
+        over the workers starts now, in the background, when exchanged (`later`: at
+        :meth:`send`, once the step's verdict is known)."""
         self._local, self._local_divisor = (used, skipped, tuple(votes)), divisor
         if self.exchange:
-            # float64: exact to 2**53 (valid pixels pass float32's 2**24 in a batch), and
-            # sent beside float32 gradients (with_gradients) never fused with them into
-            # Horovod's fusion buffer, which would copy a bucket in and out.
-            values = (used, skipped, *votes) if divisor is None else \
-                (used, skipped, divisor, *votes)
-            dtype = "float64"
-            # Summed in place: a copy of the vector, made by the engine (an array made from
-            # the host's values waits for the engine's queue: a host sync every step). Most
-            # steps send the same values, so the vectors are kept.
-            vector = self._vectors.get((values, dtype))
-            if vector is None:
-                if len(self._vectors) >= KEPT_VECTORS:
-                    self._vectors.clear()
-                vector = self._vectors[(values, dtype)] = mx.nd.array(values, dtype=dtype)
-            self._pending = self.dist.sum_across_workers("step_counts", vector.copy())
+            copy = self._copy(used, skipped, votes, divisor, failed)
+            if later:
+                self._prepared = copy
+            else:
+                self._pending = self.dist.sum_across_workers("step_counts", copy)
+
+    def send(self, failed: bool) -> None:
+        """Sum the counts submitted `later`, with this rank's verdict (`failed`: its pass
+        raised after they were made)."""
+        copy, self._prepared = self._prepared, None
+        if copy is None:
+            return
+        if failed:
+            used, skipped, votes = self._local
+            copy = self._copy(used, skipped, votes, None, True)
+        self._pending = self.dist.sum_across_workers("step_counts", copy)
+
+    def _copy(self, used, skipped, votes, divisor, failed) -> mx.nd.NDArray:
+        # float64: exact to 2**53 (valid pixels pass float32's 2**24 in a batch), and sent
+        # beside float32 gradients (with_gradients) never fused with them into Horovod's
+        # fusion buffer, which would copy a bucket in and out. The verdict word goes last.
+        values = (used, skipped, *votes, int(failed)) if divisor is None else \
+            (used, skipped, divisor, *votes, int(failed))
+        dtype = "float64"
+        # Summed in place: a copy of the vector, made by the engine (an array made from
+        # the host's values waits for the engine's queue: a host sync every step). Most
+        # steps send the same values, so the vectors are kept. Made when submitted (before
+        # the step's last pass, where the pass's own work would queue ahead of it).
+        vector = self._vectors.get((values, dtype))
+        if vector is None:
+            if len(self._vectors) >= KEPT_VECTORS:
+                self._vectors.clear()
+            vector = self._vectors[(values, dtype)] = mx.nd.array(values, dtype=dtype)
+        return vector.copy()
 
     def result(self) -> Tuple[int, int, Tuple[int, ...]]:
         """(used, skipped, votes) of the step over all workers, and ``divisor`` set; waits
@@ -117,6 +143,7 @@ class StepCounts:
         if self._pending is not None:
             values = self._pending.asnumpy().tolist()
             self._pending = None
+            self.failed = int(round(values.pop()))
             if self._local_divisor is not None:
                 self.divisor = values.pop(2)
             summed = [int(round(v)) for v in values]
@@ -124,7 +151,7 @@ class StepCounts:
         # Not exchanged: every rank's batch has this size (an in-memory loader never leaves
         # a sample out), or there is one worker; a skip count and votes are this rank's own.
         used, skipped, votes = self._local
-        self.divisor = self._local_divisor
+        self.divisor, self.failed = self._local_divisor, 0
         return used * self.dist.num_workers, skipped, votes
 
 

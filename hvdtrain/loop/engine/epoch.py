@@ -35,6 +35,7 @@ from .counts import LeftOut, StepCounts, check_bad_samples, with_gradients
 from .divisors import StepDivisors, as_parts, check_divisor
 from .guard import FiniteGuard
 from .step_seeds import StepSeeds
+from .step_verdict import StepVerdict
 from ...report.progress import progress_bar
 from ...runtime.watchdog import Watchdog
 from ...state import compression_state
@@ -163,6 +164,8 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
     # Sent right after the gradients where it can be (one round of Horovod's negotiation a
     # step, not two): the step's update then waits for both.
     early = with_gradients(loop.trainer, counts, divides, loop.clipper, amp_scaled)
+    # A rank whose batch or pass raises steps on with zeros; its verdict rides the counts.
+    verdict = StepVerdict(dist, shared=counts.exchange)
     end_asked, ended = False, False  # a batch handler asked to end the epoch
     seeds = StepSeeds(loop.seed, dist.rank, loop.devices, loop.net, loop.processor)
     start = time.perf_counter()
@@ -188,20 +191,24 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
         # Positions of the epoch's order this batch consumed (the last batch may be short),
         # and those its step consumed on all ranks together.
         positions, consumed = _positions(loader, batch_number, dist.num_workers)
-        used = loop.processor.batch_samples(batch, loop.batch_axis)
+        used = verdict.call(loop.processor.batch_samples, batch, loop.batch_axis) or 0
         step_used += used
         # What the loader left out, not positions less `used`: a processor may count
         # objects or tokens (batch_samples), not the positions a batch consumed.
         step_skipped += left_out_of.of(batch, positions)
         if last_of_step and divisors is None and not early:  # summed while it computes
             votes = boundary.vote(end=end_asked) if boundary is not None else ()
-            counts.submit(step_used, step_skipped, votes)
+            counts.submit(step_used, step_skipped, votes, later=True)  # sent after the pass
         out = None
         # The batch handlers run at every position, one with no usable sample here too
         # (batch and out None), so that what counts batches counts alike on every rank.
         loop.hooks.batch_begin(batch if used else None)
         if used:
-            out = loop.processor.fit_batch(loop.context, batch, loop.batch_axis)
+            out = verdict.call(loop.processor.fit_batch, loop.context, batch, loop.batch_axis,
+                               pass_=True)
+        if out is None:  # no pass here, or it failed: as a batch with no usable sample
+            step_used, used = step_used - used, 0
+        else:
             batch_loss = _loss_sum(out[3], device)
             step_loss = batch_loss if step_loss is None else step_loss + batch_loss
             loop.guard.observe(batch_loss, state.step + 1)
@@ -209,13 +216,16 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             _divide(loop, divisors, batch, out, last_of_step)
             if last_of_step:
                 votes = boundary.vote(end=end_asked) if boundary is not None else ()
-                counts.submit(step_used, step_skipped, votes, divisor=divisors.take())
+                counts.submit(step_used, step_skipped, votes, divisor=divisors.take(),
+                              failed=verdict.failed)
+        elif last_of_step and not early:
+            counts.send(verdict.failed)
         if early and last_of_step:
             if step_used < len(loop.devices):  # zeros from a device with no backward pass
                 settle_idle_devices(params, len(loop.devices))
             loop.trainer.allreduce_grads()
             votes = boundary.vote(end=end_asked) if boundary is not None else ()
-            counts.submit(step_used, step_skipped, votes)
+            counts.submit(step_used, step_skipped, votes, failed=verdict.failed)
         # Positions of the epoch's order consumed, not samples trained on: a resume must
         # start after the unusable ones too.
         state.epoch_samples += consumed
@@ -227,6 +237,7 @@ def train_epoch(loop: Loop, loader, state: TrainState) -> EpochStats:
             end_asked |= bool(loop.hooks.batch_end(batch if used else None, out))
             continue  # more micro-batches add to this step's gradients
         total_used, left_out, votes = counts.result()
+        verdict.settle(counts.failed)  # a rank's step failed: every rank raises one line
         if boundary is not None and boundary.ends_epoch(votes):
             # A handler asked to end the epoch after the step before: every rank learns it
             # here, with this step's counts. This step is not applied, and the epoch ends
