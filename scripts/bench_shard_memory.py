@@ -1,12 +1,12 @@
 """Peak RSS per rank, ``shard_optimizer`` on and off, with and without a checkpoint: what a
 user of ``--shard-optimizer`` sees (issue 66). Prints one JSON document.
 
-    python scripts/bench_shard_memory.py [--ranks 2] [--steps 6] [--batch 32]
+    python scripts/bench_shard_memory.py [--ranks 2,3] [--steps 6] [--batch 32]
 
 The model is issue 66's MLP: 256 inputs, Dense(4096), Dense(4096) (a 4096x4096 weight: 94%
 of the 17.9M parameters, one bucket alone), Dense(16), Adam, trained for ``--steps`` steps
-(one epoch) through ``hvdtrain.Estimator`` on random data. Four jobs, one after another
-(``mpirun --oversubscribe -np N`` of this script with ``--worker``): the same program with
+(one epoch) through ``hvdtrain.Estimator`` on random data. Four jobs a world size, one after
+another (``mpirun --oversubscribe -np N`` of this script with ``--worker``): the same program with
 ``shard_optimizer`` off and on, each without an output folder and with one (a checkpoint
 written at the epoch's end). Each rank reports its peak RSS (``ru_maxrss``) at the end, the
 RSS it had before ``fit`` (the model and the data made), and the optimizer-state bytes it
@@ -72,23 +72,23 @@ def worker(args) -> None:
         json.dump(report, out)
 
 
-def run_job(sharded: bool, save: bool, args) -> list:
+def run_job(ranks: int, sharded: bool, save: bool, args) -> list:
     with tempfile.TemporaryDirectory() as out:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-               "-np", str(args.ranks), "-x", "PATH", "-x", "OMP_NUM_THREADS=1",
+               "-np", str(ranks), "-x", "PATH", "-x", "OMP_NUM_THREADS=1",
                sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
                "--steps", str(args.steps), "--batch", str(args.batch)]
         cmd += (["--sharded"] if sharded else []) + (["--save"] if save else [])
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return [json.load(open(os.path.join(out, f"rank{r}.json")))
-                for r in range(args.ranks)]
+                for r in range(ranks)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", default="2,3", help="world sizes, comma-separated")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sharded", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--save", action="store_true", help=argparse.SUPPRESS)
@@ -99,10 +99,10 @@ def main() -> None:
         worker(args)
         return
     rows = []
-    for save in (False, True):
-        plain, sharded = run_job(False, save, args), run_job(True, save, args)
+    for ranks, save in ((int(n), save) for n in args.ranks.split(",") for save in (False, True)):
+        plain, sharded = run_job(ranks, False, save, args), run_job(ranks, True, save, args)
         rows.append({
-            "checkpoint": save, "ranks": args.ranks, "parameters": plain[0]["parameters"],
+            "checkpoint": save, "ranks": ranks, "parameters": plain[0]["parameters"],
             "peak_rss_mib_unsharded": [round(r["peak_rss_mib"]) for r in plain],
             "peak_rss_mib_sharded": [round(r["peak_rss_mib"]) for r in sharded],
             "saved_mib": [round(p["peak_rss_mib"] - s["peak_rss_mib"])

@@ -6,6 +6,7 @@ import pytest
 from mxnet import gluon
 
 from hvdtrain.config import ConfigError, RunConfig
+from hvdtrain.store.shard_exchange import chunk_bounds
 from hvdtrain.store.shard_plan import Piece, plan_shards, shard_bounds, slice_pieces
 
 
@@ -22,6 +23,24 @@ def test_slices_are_balanced_and_cover_every_element_once(size, ranks):
         owner[start:stop] = rank
     assert (owner >= 0).all()  # every element owned
     assert list(owner) == sorted(owner)  # contiguous, in rank order
+
+
+@pytest.mark.parametrize("ranks,size,per_rank,count", [
+    (2, 576, 128, 3), (3, 1001, 100, 4), (7, 50, 3, 3), (2, 10, 64, 1),
+    (3, 4, 1, 1)])  # slices of 2, 1, 1: one element each at most would leave one empty
+def test_chunks_cut_every_slice_alike_and_cover_it_once(ranks, size, per_rank, count):
+    """store/shard_exchange.py: every rank's slice cut into the same number of balanced,
+    contiguous parts, none over the chunk's share of a rank, none empty."""
+    bounds = shard_bounds(size, ranks)
+    chunks = chunk_bounds(bounds, per_rank)
+    assert len(chunks) == count and all(len(chunk) == ranks for chunk in chunks)
+    for rank, (start, stop) in enumerate(bounds):
+        parts = [chunk[rank] for chunk in chunks]
+        assert parts[0][0] == start and parts[-1][1] == stop
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in order
+        lengths = [b - a for a, b in parts]
+        assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+        assert max(lengths) <= per_rank or count == min(b - a for a, b in bounds)
 
 
 def test_slices_follow_horovods_reducescatter_split():
