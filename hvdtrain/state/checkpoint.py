@@ -38,9 +38,10 @@ def holds_slices(trainer) -> bool:
 
 def gathered_states(trainer) -> Optional[Callable[[], bytes]]:
     """Every rank, before a save: the optimizer state of a trainer whose ranks each hold a
-    slice of it, gathered whole (a collective); None for any other trainer (rank 0 copies
-    its own state when it saves)."""
-    return trainer.whole_states_later() if holds_slices(trainer) else None
+    slice of it, gathered whole on rank 0 (a collective; None on the other ranks, which
+    only send their slices); None for any other trainer (rank 0 copies its own state when
+    it saves)."""
+    return trainer.whole_states_later(to_root=True) if holds_slices(trainer) else None
 
 
 class _StatesOnly:

@@ -39,10 +39,13 @@ def rebuilt(template, arrays) -> object:
 def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
                  pieces: Sequence[Sequence[Piece]], states: Dict[int, object],
                  template: Callable[[int], object], rank: int, ranks: int,
-                 allgather: Callable[[np.ndarray, str], np.ndarray],
-                 present: Callable[[np.ndarray], np.ndarray]) -> Dict[int, object]:
+                 allgather: Callable[[np.ndarray, str], Optional[np.ndarray]],
+                 present: Callable[[np.ndarray], np.ndarray],
+                 chunk: Optional[int] = None,
+                 site: str = "shard.state") -> Optional[Dict[int, object]]:
     """Every rank: the whole optimizer state, {parameter position: state of its shape}, on
-    the CPU, from each rank's `states` of its `pieces` (per bucket, as planned).
+    the CPU, from each rank's `states` of its `pieces` (per bucket, as planned); None on a
+    rank to which `allgather` gives nothing (a gather to rank 0 alone).
 
     Parameters
     ----------
@@ -52,7 +55,13 @@ def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
         ``template(position)``: a state of one element of that parameter, whose structure
         and dtypes the whole state takes (the optimizer's ``create_state_multi_precision``).
     allgather : callable
-        ``allgather(vector, name)``: the ranks' equal-length vectors, end to end.
+        ``allgather(vector, name)``: the ranks' equal-length vectors, end to end (or None,
+        on every rank but the one that gathers).
+    chunk : int, optional
+        Gather at most this many elements of a slice a call (default: a slice a call), so
+        that a rank that does not gather holds no more than its own slice and a chunk.
+    site : str
+        The collectives' names begin with it (then the bucket, the state array, the chunk).
     present : callable
         ``present(counts)``: per parameter position, the sum over ranks (how many ranks hold
         a state of a piece of it: none before its first update).
@@ -64,6 +73,7 @@ def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
     held = present(held)
     whole: Dict[int, object] = {}
     arrays: Dict[int, List[mx.nd.NDArray]] = {}
+    gathering = True
     for b, bucket in enumerate(buckets):
         sizes = [int(np.prod(shapes[i])) for i in bucket]
         bounds = shard_bounds(sum(sizes), ranks)
@@ -78,9 +88,11 @@ def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
                 if state is not None:
                     mine[piece.offset:piece.offset + piece.size] = \
                         leaves(state)[k].asnumpy().reshape(-1)
-            ends = allgather(mine, f"shard.state.{b}.{k}") if ranks > 1 else mine
-            flat = np.concatenate([ends[r * width:r * width + stop - start]
-                                   for r, (start, stop) in enumerate(bounds)])
+            flat = _gathered(mine, bounds, allgather, f"{site}.{b}.{k}", chunk or width) \
+                if ranks > 1 else mine
+            if flat is None:
+                gathering = False  # a rank that only sends
+                continue
             offset = 0
             for i, size in zip(bucket, sizes):
                 if held[i]:
@@ -88,10 +100,29 @@ def gather_whole(buckets: Sequence[Sequence[int]], shapes: Sequence[tuple],
                         mx.nd.array(flat[offset:offset + size].reshape(shapes[i]),
                                     ctx=mx.cpu(), dtype=kind.dtype))
                 offset += size
-        for i in bucket:
+        for i in bucket if gathering else []:
             if held[i]:  # a state of no arrays (SGD without momentum: None) is kept too
                 whole[i] = rebuilt(template(i), iter(arrays.get(i, [])))
-    return whole
+    return whole if gathering else None
+
+
+def _gathered(mine: np.ndarray, bounds, allgather, name: str,
+              chunk: int) -> Optional[np.ndarray]:
+    """One state array of a bucket, flat, from every rank's slice of it (`mine`: this
+    rank's, padded to the largest), `chunk` elements of a slice a call, each chunk placed as
+    it arrives; None where `allgather` gives nothing (every call is made alike)."""
+    flat = None
+    for j, start in enumerate(range(0, mine.size, chunk)):
+        size = min(chunk, mine.size - start)
+        ends = allgather(mine[start:start + size], f"{name}.{j}")
+        if ends is None:
+            continue
+        if flat is None:
+            flat = np.empty(bounds[-1][1], dtype=mine.dtype)
+        for r, (lo, hi) in enumerate(bounds):
+            take = max(0, min(size, hi - lo - start))
+            flat[lo + start:lo + start + take] = ends[r * size:r * size + take]
+    return flat
 
 
 def check_shapes(whole: Dict[int, object], shapes: Sequence[Optional[tuple]]) -> None:

@@ -416,7 +416,8 @@ class ShardedTrainer(BucketedTrainer):
             self._settle()
         return state_bytes(self.shard_updater.states)
 
-    def whole_states_later(self, alone: bool = False) -> StatesLater:
+    def whole_states_later(self, alone: bool = False,
+                           to_root: bool = False) -> Optional[StatesLater]:
         """Every rank: the whole optimizer state, gathered from every rank's slices (a
         collective), with the optimizer object; calling the result gives the bytes an
         unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`). No update since
@@ -426,7 +427,11 @@ class ShardedTrainer(BucketedTrainer):
         ----------
         alone : bool
             Called by one rank only (an elastic sync's rank 0): the state must be known
-            without a collective, or RuntimeError (a gather would wait for ever)."""
+            without a collective, or RuntimeError (a gather would wait for ever).
+        to_root : bool
+            Gathered on rank 0 alone (a save, which rank 0 writes), chunk by chunk (about
+            :attr:`chunk_mb` a call): the other ranks send their slices, hold no more than
+            those and a chunk, and get None; no rank keeps the state after."""
         if self._resting is not None:
             return states_later(self._resting, self._optimizer, copy=False)
         if alone:
@@ -442,9 +447,16 @@ class ShardedTrainer(BucketedTrainer):
         ctx = self._contexts[0]
         tag = self._plan_suffix
 
+        to_root = to_root and ranks > 1
+        # Rank 0's: every rank sends it its chunk, and the others nothing (an all-to-all).
+        root_splits = mx.nd.array([1] + [0] * (ranks - 1), ctx=mx.cpu(), dtype=np.int32)
+
         def allgather(vector, name):
-            return hvd.allgather(mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype),
-                                 name=name + tag).asnumpy()
+            array = mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype)
+            if not to_root:
+                return hvd.allgather(array, name=name + tag).asnumpy()
+            ends, _ = hvd.alltoall(array, splits=root_splits * vector.size, name=name + tag)
+            return ends.asnumpy() if store.rank == 0 else None
 
         def present(counts):
             if ranks > 1:
@@ -460,7 +472,11 @@ class ShardedTrainer(BucketedTrainer):
 
         shapes = [param.shape for param in self._params]
         whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
-                             template, store.rank, ranks, allgather, present)
+                             template, store.rank, ranks, allgather, present,
+                             max(1, int(self.chunk_mb * 2 ** 20) // 4 // ranks) if to_root
+                             else None, "shard.state.root" if to_root else "shard.state")
+        if to_root:
+            return None if whole is None else states_later(whole, self._optimizer, copy=False)
         self._resting = whole  # host copies of their own: training does not change them
         return states_later(whole, self._optimizer, copy=False)
 
@@ -473,12 +489,12 @@ class ShardedTrainer(BucketedTrainer):
         rank 0 waits at the gather for slices the others never send, until a watchdog's
         stall timeout or Horovod's stall shutdown ends the job (docs/performance.md,
         "Sharded optimizer state"). Call it on every rank."""
-        states = self.whole_states_later()()
+        states = self.whole_states_later(to_root=True)
         store = self._kvstore
         failed = None
         if store is None or store.rank == 0:
             try:
-                atomic_write(fname, lambda tmp: _write_bytes(tmp, states))
+                atomic_write(fname, lambda tmp: _write_bytes(tmp, states()))
             except OutputError as err:
                 failed = err
         DistContext.from_store(store).agree("shard_save", failed)

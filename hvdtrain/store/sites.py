@@ -28,7 +28,9 @@ SITES = {
     "shard.allgather": ("store", "store/sharded.py, shard_exchange.py: the updated slices "
                                  "(chunk by chunk), gathered"),
     "shard.state": ("store", "store/sharded.py, shard_checkpoint.py: the whole optimizer "
-                             "state gathered from the slices (a save, an elastic commit)"),
+                             "state gathered from the slices: on every rank (an elastic "
+                             "commit, a re-plan), or chunk by chunk on rank 0 alone "
+                             "(shard.state.root: a save)"),
     "shard_stale": ("agree", "store/sharded.py: a trained parameter without a fresh gradient "
                              "on some rank, refused on every rank before the exchange"),
     "shard_save": ("agree", "store/sharded.py: save_states, gathered on every rank, written "
