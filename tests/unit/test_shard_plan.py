@@ -328,3 +328,45 @@ def test_a_whole_state_of_another_model_is_refused_at_load():
     states[7] = states[0]
     with pytest.raises(ValueError, match="names parameter 7"):
         set_optimizer_states(trainer, pickle.dumps(({7: states[7]}, optimizer)))
+
+
+def test_a_gather_to_rank_0_sends_chunks_and_leaves_the_others_nothing():
+    """store/shard_checkpoint.gather_whole as a save runs it (two ranks played in turn): the
+    rank that only sends gives chunks of at most `chunk` elements and gets None; rank 0
+    assembles the whole state from the chunks, every array as it was."""
+    from hvdtrain.store.shard_checkpoint import gather_whole
+    shapes, buckets, chunk = [(10, 7), (5,), (33,)], [[0], [1, 2]], 4
+    rng = np.random.default_rng(0)
+    whole = {i: (mx.nd.array(rng.normal(size=s)), mx.nd.array(rng.normal(size=s)))
+             for i, s in enumerate(shapes)}
+    sizes = [[int(np.prod(shapes[i])) for i in bucket] for bucket in buckets]
+    plans = [plan_shards(buckets, sizes, rank, 2) for rank in (0, 1)]
+    held = np.array([sum(any(p.param == i for b in plan for p in b) for plan in plans)
+                     for i in range(len(shapes))], dtype=np.float32)
+
+    def states_of(plan):
+        return {p.param: tuple(a.reshape(-1)[p.start:p.stop] for a in whole[p.param])
+                for bucket in plan for p in bucket}
+
+    def template(index):
+        return (mx.nd.zeros(1), mx.nd.zeros(1))
+
+    sent = {}
+
+    def send(vector, name):
+        sent[name] = vector.copy()
+        return None
+
+    mine = gather_whole(buckets, shapes, plans[1], states_of(plans[1]), template, 1, 2,
+                        send, lambda counts: held, chunk)
+    assert mine is None and max(v.size for v in sent.values()) <= chunk
+
+    def receive(vector, name):
+        return np.concatenate([vector, sent[name]])
+
+    got = gather_whole(buckets, shapes, plans[0], states_of(plans[0]), template, 0, 2,
+                       receive, lambda counts: held, chunk)
+    assert sorted(got) == sorted(whole)
+    for i, arrays in whole.items():
+        for a, b in zip(got[i], arrays):
+            assert np.array_equal(a.asnumpy(), b.asnumpy())
