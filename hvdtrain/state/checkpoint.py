@@ -228,7 +228,8 @@ class Checkpointer:
 
     def gather(self, trainer, due: bool = True) -> None:
         """On every rank, before a save that is `due`: what it needs from all ranks
-        (PowerSGD's errors, summed over them; a sharded optimizer state, gathered whole),
+        (PowerSGD's errors, summed over them; a sharded optimizer state, gathered whole on
+        rank 0),
         kept for the save."""
         due = due and self.saving
         self.compression = compression_state.gather(trainer) if due else None
