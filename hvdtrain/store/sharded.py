@@ -45,6 +45,7 @@ no update reads another element.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from typing import List, Optional, Tuple
 
@@ -54,12 +55,15 @@ from mxnet import optimizer as opt
 
 from ..config import ConfigError
 from .buckets import BucketedTrainer
-from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
+from .gluon_internals import (StatesLater, amp_scaler, amp_skips_update, frozen_optimizer,
+                              states_later)
 from .shard_checkpoint import check_shapes, gather_whole, sliced
 from .shard_exchange import CHUNK_MB, BucketExchange, plan_exchanges
+from .shard_states_file import GuardedFile, write_skeleton
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards, shard_bounds
 from .shard_state import WholeStateRefused, state_bytes
+from ..state.background import put_states
 from ..state.writes import OutputError, atomic_write
 from .dist import DistContext
 
@@ -416,8 +420,8 @@ class ShardedTrainer(BucketedTrainer):
             self._settle()
         return state_bytes(self.shard_updater.states)
 
-    def whole_states_later(self, alone: bool = False,
-                           to_root: bool = False) -> Optional[StatesLater]:
+    def whole_states_later(self, alone: bool = False, to_root: bool = False,
+                           into: Optional[str] = None) -> Optional[StatesLater]:
         """Every rank: the whole optimizer state, gathered from every rank's slices (a
         collective), with the optimizer object; calling the result gives the bytes an
         unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`). No update since
@@ -431,7 +435,11 @@ class ShardedTrainer(BucketedTrainer):
         to_root : bool
             Gathered on rank 0 alone (a save, which rank 0 writes), chunk by chunk (about
             :attr:`chunk_mb` a call): the other ranks send their slices, hold no more than
-            those and a chunk, and get None; no rank keeps the state after."""
+            those and a chunk, and get None; no rank keeps the state after.
+        into : str, optional
+            With `to_root`, on rank 0: stream the state into this file as it arrives
+            (:mod:`.shard_states_file`; rank 0 never holds it whole either) and return a
+            :class:`~.shard_states_file.WrittenStates` of it."""
         if self._resting is not None:
             return states_later(self._resting, self._optimizer, copy=False)
         if alone:
@@ -448,14 +456,17 @@ class ShardedTrainer(BucketedTrainer):
         tag = self._plan_suffix
 
         to_root = to_root and ranks > 1
-        # Rank 0's: every rank sends it its chunk, and the others nothing (an all-to-all).
-        root_splits = mx.nd.array([1] + [0] * (ranks - 1), ctx=mx.cpu(), dtype=np.int32)
 
         def allgather(vector, name):
             array = mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype)
             if not to_root:
                 return hvd.allgather(array, name=name + tag).asnumpy()
-            ends, _ = hvd.alltoall(array, splits=root_splits * vector.size, name=name + tag)
+            # Rank 0's: every rank sends it its chunk, and the others nothing (an
+            # all-to-all). The splits copied in now: Horovod reads them when the call runs,
+            # and an array MXNet's engine still computes was read unwritten (a crash).
+            splits = mx.nd.array([vector.size] + [0] * (ranks - 1), ctx=mx.cpu(),
+                                 dtype=np.int32)
+            ends, _ = hvd.alltoall(array, splits=splits, name=name + tag)
             return ends.asnumpy() if store.rank == 0 else None
 
         def present(counts):
@@ -471,10 +482,21 @@ class ShardedTrainer(BucketedTrainer):
                 index, mx.nd.zeros((1,), ctx=mx.cpu(), dtype=data.dtype))
 
         shapes = [param.shape for param in self._params]
-        whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
-                             template, store.rank, ranks, allgather, present,
-                             max(1, int(self.chunk_mb * 2 ** 20) // 4 // ranks) if to_root
-                             else None, "shard.state.root" if to_root else "shard.state")
+        out = GuardedFile(into) if into is not None and to_root and store.rank == 0 else None
+
+        def skeleton(spaces):
+            optimizer = pickle.loads(frozen_optimizer(self._optimizer))
+            out.run(lambda: write_skeleton(out, spaces, optimizer))
+            return out
+
+        whole = gather_whole(
+            self.buckets, shapes, self.pieces, self.shard_updater.states, template,
+            store.rank, ranks, allgather, present,
+            max(1, int(self.chunk_mb * 2 ** 20) // 4 // ranks) if to_root else None,
+            "shard.state.root" if to_root else "shard.state",
+            skeleton if out is not None else None)
+        if out is not None:
+            return out.close()
         if to_root:
             return None if whole is None else states_later(whole, self._optimizer, copy=False)
         self._resting = whole  # host copies of their own: training does not change them
@@ -489,12 +511,12 @@ class ShardedTrainer(BucketedTrainer):
         rank 0 waits at the gather for slices the others never send, until a watchdog's
         stall timeout or Horovod's stall shutdown ends the job (docs/performance.md,
         "Sharded optimizer state"). Call it on every rank."""
-        states = self.whole_states_later(to_root=True)
+        states = self.whole_states_later(to_root=True, into=f"{fname}.{os.getpid()}.part")
         store = self._kvstore
         failed = None
         if store is None or store.rank == 0:
             try:
-                atomic_write(fname, lambda tmp: _write_bytes(tmp, states()))
+                atomic_write(fname, lambda tmp: put_states(states, tmp))
             except OutputError as err:
                 failed = err
         DistContext.from_store(store).agree("shard_save", failed)
@@ -532,8 +554,3 @@ class ShardedTrainer(BucketedTrainer):
         self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
         self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
         self._loaded = None
-
-
-def _write_bytes(path: str, blob: bytes) -> None:
-    with open(path, "wb") as out:
-        out.write(blob)

@@ -182,6 +182,11 @@ def test_a_sharded_checkpoint_holds_the_unsharded_state(jobs, optimizer):
                 assert np.array_equal(mine, theirs)
     assert sharded_opt._index_update_count == plain_opt._index_update_count  # noqa
     assert sharded_opt.num_update == plain_opt.num_update > 0
+    # Streamed by rank 0 as it arrived (store/shard_states_file.py: pickle protocol 3),
+    # not pickled whole in memory (MXNet's protocol 4); no part file left behind.
+    run = folder / f"ckpt-{optimizer}-1"
+    assert (run / "checkpoints" / "epoch-0002" / "trainer.states").read_bytes()[:2] == b"\x80\x03"
+    assert not list(run.glob(".states-*"))
 
 
 @pytest.mark.parametrize("optimizer", RESUMED)
