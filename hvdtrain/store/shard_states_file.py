@@ -102,10 +102,10 @@ class GuardedFile:
         self.run(lambda: self._file.seek(offset, whence))
 
     def tell(self) -> int:
-        return self.run(self._file.tell) or 0
+        return self.run(lambda: self._file.tell()) or 0
 
     def flush(self) -> None:
-        self.run(self._file.flush)
+        self.run(lambda: self._file.flush())
 
     def close(self) -> "WrittenStates":
         """Close the file; what it holds, or its failure."""

@@ -370,3 +370,48 @@ def test_a_gather_to_rank_0_sends_chunks_and_leaves_the_others_nothing():
     for i, arrays in whole.items():
         for a, b in zip(got[i], arrays):
             assert np.array_equal(a.asnumpy(), b.asnumpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_a_streamed_states_file_is_the_pickle_mxnet_reads(tmp_path, dtype):
+    """store/shard_states_file.py: the skeleton, then each array's data written in pieces
+    and out of order, reads back with pickle (as Trainer.load_states reads it) as the
+    arrays and optimizer it was written from; MXNet's header for each array is its own."""
+    from hvdtrain.store.gluon_internals import raw_array_header
+    from hvdtrain.store.shard_states_file import ArraySpace, GuardedFile, write_skeleton, \
+        write_at
+    rng = np.random.default_rng(1)
+    real = {0: (rng.normal(size=(3, 4)), rng.normal(size=(3, 4))), 2: rng.normal(size=(5,)),
+            4: None}
+    real = {i: None if v is None else tuple(a.astype(dtype) for a in v)
+            if isinstance(v, tuple) else v.astype(dtype) for i, v in real.items()}
+    spaces = {0: (ArraySpace((3, 4), dtype), ArraySpace((3, 4), dtype)),
+              2: ArraySpace((5,), dtype), 4: None}
+    out = GuardedFile(str(tmp_path / "states.part"))
+    write_skeleton(out, spaces, mx.optimizer.Adam(learning_rate=0.25))
+    for array, space in ((real[2], spaces[2]), (real[0][1], spaces[0][1]),
+                         (real[0][0], spaces[0][0])):
+        flat = array.reshape(-1)
+        write_at(out, space, 3, flat[3:])
+        write_at(out, space, 0, flat[:3])
+    written = out.close()
+    written.move_to(str(tmp_path / "trainer.states"))
+    import pickle
+    states, optimizer = pickle.loads((tmp_path / "trainer.states").read_bytes())
+    assert sorted(states) == [0, 2, 4] and states[4] is None
+    assert optimizer.learning_rate == 0.25
+    for got, want in zip(states[0] + (states[2],), real[0] + (real[2],)):
+        assert got.dtype == np.dtype(dtype) and np.array_equal(got.asnumpy(), want)
+    a = mx.nd.array(real[0][0], dtype=dtype)
+    assert bytes(a.__getstate__()["handle"]) == raw_array_header((3, 4), dtype) + \
+        real[0][0].tobytes()
+
+
+def test_a_failed_streamed_write_is_raised_when_the_file_is_put_in_place(tmp_path):
+    """The rank that streams goes on with the collectives after a failed write (nothing
+    raised there); the failure is raised, as an OSError, where the save puts the file."""
+    from hvdtrain.store.shard_states_file import ArraySpace, GuardedFile, write_skeleton
+    out = GuardedFile(str(tmp_path / "missing" / "states.part"))  # no such folder
+    write_skeleton(out, {0: ArraySpace((2,), "float32")}, None)
+    with pytest.raises(OSError, match="could not be written"):
+        out.close().move_to(str(tmp_path / "trainer.states"))
