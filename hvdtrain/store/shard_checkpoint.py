@@ -6,10 +6,12 @@ arrays in the parameter's shape, and the optimizer object with its update counts
 schedule). So a checkpoint resumes at any world size, sharded or not, and a sharded run
 resumes from an unsharded run's checkpoint: each rank cuts its pieces out of the whole.
 
-Gathering is a collective: per bucket and per state array of its optimizer (Adam's mean and
-variance: two), one Horovod ``allgather`` of every rank's slice, padded to the largest slice
-(a rank whose slice of a small bucket is empty sends padding, which MXNet can allocate). The
-whole state is assembled in host memory, as a background checkpoint write copies it anyway.
+Gathering is a collective: per bucket, per state array of its optimizer (Adam's mean and
+variance: two) and per chunk of a slice, one call given every rank's part, padded to the
+largest slice (a rank whose slice of a small bucket is empty sends padding, which MXNet can
+allocate): an all-gather, the whole state then assembled in host memory on every rank (an
+elastic commit), or, for a save, to rank 0 alone, which streams each chunk into the states
+file as it arrives (:mod:`.shard_states_file`) and holds no more than the others.
 """
 from __future__ import annotations
 

@@ -32,8 +32,9 @@ The sharded state lives in an updater of this trainer's own (:attr:`shard_update
 ``Trainer._updaters``: what compares or copies the replicated state (the replica check)
 sees none, and refuses rather than copy a partial state. Checkpoints and elastic commits
 hold the whole state (:mod:`.shard_checkpoint`): :meth:`ShardedTrainer.whole_states_later`
-gathers it on every rank (a collective; for a save, on rank 0 alone, chunk by chunk), and
-``save_states``, on every rank too, writes it in ``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` take
+gathers it on every rank (a collective; for a save, on rank 0 alone, streamed into the file
+chunk by chunk), and ``save_states``, on every rank too, writes it in
+``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` take
 a whole state, saved at any world size, sharded or not, and this rank's pieces are cut out
 of it before the next step, at the world size there is then (after an elastic reset: the
 slices planned again for the new ranks). Until the next update the trainer keeps the whole
