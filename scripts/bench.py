@@ -208,7 +208,7 @@ def main():
                   f"{recipe['median_cpu_relative'][option]:.3f}")
     print("\ninput pipeline, memory, predict, the replica check and the sharded optimizer "
           "state (scripts/bench_images.py, bench_input_bound.py, bench_predict.py, "
-          "bench_replica_check.py, bench_shard_optimizer.py):")
+          "bench_replica_check.py, bench_shard_optimizer.py, bench_shard_memory.py):")
     for row in results.images:
         print("  " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in row.items()))
@@ -312,6 +312,19 @@ def measure_all(args, tmp, runs, results):
                         "peak_rss_mib": max(row["peak_rss_mib_per_rank"]),
                         "step_seconds": row["step_seconds_median"]}
                        for document in shard for row in document["rows"]]
+    results.write(complete=False)
+    # What a user of --shard-optimizer sees: peak RSS per rank, sharded against unsharded
+    # (the same program, flag off), without and with a checkpoint (issue 66's MLP, Adam).
+    memory = runs.collect([runs.start(
+        [sys.executable, os.path.join(HERE, "bench_shard_memory.py")]
+        + (["--steps", "2"] if args.quick else []))], timeout=1800)
+    results.images += [{"row": "shard memory", "model": memory[0]["model"],
+                        "ranks": row["ranks"], "checkpoint": row["checkpoint"],
+                        "peak_rss_mib_unsharded": row["peak_rss_mib_unsharded"],
+                        "peak_rss_mib_sharded": row["peak_rss_mib_sharded"],
+                        "saved_mib": row["saved_mib"],
+                        "state_freed_mib": row["state_freed_mib"]}
+                       for row in memory[0]["rows"]]
     results.write(complete=False)
     # Is a run input-bound: resnet50_v1 at 224 on 2 ranks from RecordIO vs synthetic images.
     quick = ["--model", "resnet18_v1", "--steps", "4", "--images", "160", "--rounds", "1"]

@@ -79,7 +79,7 @@ def save_model_files(net, trainer, dist, inside_epoch: bool, param_file: str,
         names = {id(param): name for name, param in params_by_place(net).items()}
         replace = {names[id(param)]: value for param, value in averages}
 
-    states = gathered_states(trainer)  # a sharded optimizer state: every rank, whole
+    states = gathered_states(trainer)  # a sharded optimizer state: every rank sends, 0 holds
 
     def write():
         if dist.is_root:

@@ -22,6 +22,17 @@ from .writes import OutputError
 logger = logging.getLogger("hvdtrain")
 
 
+def put_states(states: Callable[[], bytes], path: str) -> None:
+    """Write ``Trainer.save_states``'s file at `path` from `states`: its bytes, or, for a
+    sharded state streamed into a file of its own already (one with ``move_to``), that
+    file moved there."""
+    if hasattr(states, "move_to"):
+        states.move_to(path)
+        return
+    with open(path, "wb") as out:
+        out.write(states())
+
+
 class HostCopy:
     """A model's arrays and its optimizer's state, copied to host memory.
 
@@ -48,8 +59,11 @@ class HostCopy:
         mx.nd.save(path, self.params)
 
     def save_states(self, path: str) -> None:
-        with open(path, "wb") as out:
-            out.write(self.states() if self.states is not None else b"")
+        if self.states is None:
+            with open(path, "wb"):
+                pass
+            return
+        put_states(self.states, path)
 
     def _collect_params_with_prefix(self) -> Dict[str, mx.nd.NDArray]:
         return self.params  # each has a .shape, which is what the checkpoint's meta records

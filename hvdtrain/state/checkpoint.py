@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from typing import Callable, Dict, List, Optional, Tuple
 
 import mxnet as mx
@@ -21,7 +22,7 @@ from .checkpoint_files import (CHECKPOINTS, DIGESTS, LATEST, META, NAME_PATTERN,
                                STATES, checkpoint_name, complete_checkpoints, file_digest,
                                missing_files, param_shapes)
 from . import compression_state
-from .background import BackgroundWrite
+from .background import BackgroundWrite, put_states
 from .writes import atomic_write, fsync_path as _fsync_path, write_failure
 
 # What an interrupted save or prune leaves behind (never named epoch-*).
@@ -36,11 +37,15 @@ def holds_slices(trainer) -> bool:
     return hasattr(trainer, "whole_states_later")
 
 
-def gathered_states(trainer) -> Optional[Callable[[], bytes]]:
+def gathered_states(trainer, into: Optional[str] = None) -> Optional[Callable[[], bytes]]:
     """Every rank, before a save: the optimizer state of a trainer whose ranks each hold a
-    slice of it, gathered whole (a collective); None for any other trainer (rank 0 copies
+    slice of it, gathered on rank 0 (a collective; None on the other ranks, which only send
+    their slices) and there streamed into the file `into` as it arrives (given: it is moved
+    into the checkpoint when that is written); None for any other trainer (rank 0 copies
     its own state when it saves)."""
-    return trainer.whole_states_later() if holds_slices(trainer) else None
+    if not holds_slices(trainer):
+        return None
+    return trainer.whole_states_later(to_root=True, into=into)
 
 
 class _StatesOnly:
@@ -50,8 +55,7 @@ class _StatesOnly:
         self._states = states
 
     def save_states(self, path: str) -> None:
-        with open(path, "wb") as out:
-            out.write(self._states())
+        put_states(self._states, path)
 
 
 def save_params(net, path: str) -> str:
@@ -227,11 +231,17 @@ class Checkpointer:
 
     def gather(self, trainer, due: bool = True) -> None:
         """On every rank, before a save that is `due`: what it needs from all ranks
-        (PowerSGD's errors, summed over them; a sharded optimizer state, gathered whole),
+        (PowerSGD's errors, summed over them; a sharded optimizer state, gathered whole on
+        rank 0),
         kept for the save."""
         due = due and self.saving
         self.compression = compression_state.gather(trainer) if due else None
-        self.states = gathered_states(trainer) if due and self.with_states else None
+        into = None
+        if due and self.output_dir is not None:  # rank 0: a file beside the checkpoints
+            os.makedirs(self.output_dir, exist_ok=True)
+            into = os.path.join(self.output_dir,
+                                f".states-{os.getpid()}-{uuid.uuid4().hex}.part")
+        self.states = gathered_states(trainer, into) if due and self.with_states else None
 
     def after_epoch(self, net, trainer, state, last: bool = False) -> Optional[str]:
         """Save if this epoch is due (or `last`); `state` has ``epoch`` (completed),

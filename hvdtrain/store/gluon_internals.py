@@ -24,9 +24,11 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import struct
 from typing import Callable, List, Optional, Sequence
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd
 from mxnet.base import NDArrayHandle, _LIB, check_call
 
@@ -409,17 +411,23 @@ def states_later(states: dict, optimizer, copy: bool = True) -> StatesLater:
     """:func:`optimizer_states_later` of per-parameter `states` (an updater's, or a sharded
     trainer's gathered whole) and their `optimizer`; `copy` False: `states` are arrays of
     their own on the CPU already, which training does not change (kept, not copied)."""
-    in_index_order(optimizer)  # the same bytes on every rank
-    param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
-    try:
-        frozen = pickle.dumps(optimizer)
-    finally:
-        optimizer.param_dict = param_dict
+    frozen = frozen_optimizer(optimizer)
     copied = {index: _copied(state) for index, state in states.items()} if copy \
         else dict(states)
     in_index_order(copied)
     _copied(list(copied.values()), wait=True)
     return StatesLater(copied, frozen)
+
+
+def frozen_optimizer(optimizer) -> bytes:
+    """`optimizer` pickled as ``Updater.get_states`` saves it: without its parameters, its
+    update counts in parameter-index order (the same bytes on every rank)."""
+    in_index_order(optimizer)
+    param_dict, optimizer.param_dict = optimizer.param_dict, {}  # as get_states leaves it out
+    try:
+        return pickle.dumps(optimizer)
+    finally:
+        optimizer.param_dict = param_dict
 
 
 def _copied(state, wait: bool = False):
@@ -521,3 +529,17 @@ def dropout_rate(block) -> float:
         if hasattr(block, name):
             return float(getattr(block, name))
     return 1.0  # not found: taken to draw
+
+
+def raw_array_header(shape: Sequence[int], dtype) -> bytes:
+    """What precedes a dense CPU array's data in the bytes MXNet 1.9.1 pickles it as
+    (``NDArray.__getstate__``: ``MXNDArraySaveRawBytes``): magic, storage type, the number
+    of dimensions, each as an int64, the context and the dtype's flag. Taken from a
+    one-element array of as many dimensions, its dimensions then written in (the data of
+    `shape` itself is never allocated)."""
+    dims = len(shape)
+    probe = mx.nd.zeros((1,) * dims, ctx=mx.cpu(), dtype=dtype)
+    raw = bytes(probe.__getstate__()["handle"])
+    head = bytearray(raw[:len(raw) - np.dtype(dtype).itemsize])
+    head[12:12 + 8 * dims] = struct.pack(f"<{dims}q", *shape)
+    return bytes(head)

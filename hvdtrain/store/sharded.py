@@ -15,9 +15,10 @@ are split differently. Each step:
    creates is that of its pieces, about 1/N of the model's;
 3. the bucket's updated slices are *all-gathered* into every rank's weights;
 
-bucket after bucket, every call queued in MXNet's engine and none waited for, through
-buffers made once (:mod:`.collectives_into`): one slice's and one bucket's worth per dtype
-(a bucket of one parameter gathers straight into its weights).
+bucket after bucket, every call queued in MXNet's engine and none waited for; steps 1 and 3
+chunk by chunk (:mod:`.shard_exchange`), through buffers made once a plan, each at most
+``chunk_mb`` MiB (and no larger than ``bucket_mb``) whatever the largest parameter, the
+sum arriving in the bucket's own gradient buffer.
 
 A reduce-scatter and an all-gather move the bytes of one allreduce (which is exactly a
 reduce-scatter then an all-gather in a ring); the all-to-all sends what a ring's
@@ -31,8 +32,9 @@ The sharded state lives in an updater of this trainer's own (:attr:`shard_update
 ``Trainer._updaters``: what compares or copies the replicated state (the replica check)
 sees none, and refuses rather than copy a partial state. Checkpoints and elastic commits
 hold the whole state (:mod:`.shard_checkpoint`): :meth:`ShardedTrainer.whole_states_later`
-gathers it on every rank (a collective), and ``save_states``, on every rank too, writes it
-in ``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` take
+gathers it on every rank (a collective; for a save, on rank 0 alone, streamed into the file
+chunk by chunk), and ``save_states``, on every rank too, writes it in
+``Trainer.save_states``'s own format; ``load_states`` and :meth:`set_whole_states` take
 a whole state, saved at any world size, sharded or not, and this rank's pieces are cut out
 of it before the next step, at the world size there is then (after an elastic reset: the
 slices planned again for the new ranks). Until the next update the trainer keeps the whole
@@ -44,6 +46,7 @@ no update reads another element.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from typing import List, Optional, Tuple
 
@@ -54,12 +57,15 @@ from mxnet import optimizer as opt
 from ..config import ConfigError
 from ..ecosystem import SHARDABLE_OPTIMIZERS
 from .buckets import BucketedTrainer
-from .collectives_into import allgather_into, alltoall_into
-from .gluon_internals import StatesLater, amp_scaler, amp_skips_update, states_later
+from .gluon_internals import (StatesLater, amp_scaler, amp_skips_update, frozen_optimizer,
+                              states_later)
 from .shard_checkpoint import check_shapes, gather_whole, sliced
+from .shard_exchange import CHUNK_MB, BucketExchange, plan_exchanges
+from .shard_states_file import GuardedFile, write_skeleton
 from .shard_lamb import lamb_update
 from .shard_plan import Piece, plan_shards, shard_bounds
 from .shard_state import WholeStateRefused, state_bytes
+from ..state.background import put_states
 from ..state.writes import OutputError, atomic_write
 from .dist import DistContext
 
@@ -97,6 +103,10 @@ class ShardedTrainer(BucketedTrainer):
     *args, **kwargs
         As :class:`~.buckets.BucketedTrainer` (``bucket_mb`` above 0, no ``compression``),
         on the ``horovod`` store with ``update_on_kvstore=False``, one device per rank.
+    chunk_mb : float, optional
+        The bound of each temporary buffer of the exchange, in MiB (default
+        :data:`~.shard_exchange.CHUNK_MB`; ``bucket_mb`` where that is smaller): a bucket
+        larger than it (a large parameter is a bucket alone) is exchanged chunk by chunk.
 
     Attributes
     ----------
@@ -106,7 +116,7 @@ class ShardedTrainer(BucketedTrainer):
         Per bucket, the pieces of parameters this rank updates.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, chunk_mb: Optional[float] = None, **kwargs):
         if kwargs.get("compression") is not None:
             raise ConfigError("shard_optimizer exchanges whole slices of the gradient "
                               "buckets: drop compression='powersgd'")
@@ -114,18 +124,19 @@ class ShardedTrainer(BucketedTrainer):
         self._weight_views: List[List[mx.nd.NDArray]] = []
         self._slice_sizes: List[int] = []  # per bucket, the elements of this rank's slice
         self._layout = None  # what the pieces were planned from
-        self._grad_slices: List[mx.nd.NDArray] = []  # per bucket, its slice's sum (a view)
-        self._gathered: List[mx.nd.NDArray] = []  # per bucket, where its weights gather
+        # Per bucket, its chunked exchange (None: fewer elements than ranks, or one rank).
+        self._exchanges: List[Optional[BucketExchange]] = []
+        self._exchange_buffers: List[mx.nd.NDArray] = []  # what they share
+        self._slice_views: List[list] = []  # per bucket, its pieces' gradient views
         self._small: List[bool] = []
         self._loaded = None  # a whole state taken, its slices not yet cut (at the next step)
         # The whole state as it is, known without a collective: since the last gather or
         # load, before any update ({}: a new trainer's, nothing updated yet).
         self._resting: Optional[dict] = {}
         self._scattered = None  # per bucket, the slice scatter_gradients() made for update()
-        self._own_slices = None  # their buffers (made at the first scatter of a plan)
         self._unowned: List[int] = []  # trained parameters this rank holds no piece of
         self._half_wire = False  # --fp16-allreduce: the reduce-scatter sends float16
-        self._half_views = []  # per bucket, its float16 wire and sum: views made once a plan
+        self.chunk_mb = CHUNK_MB if chunk_mb is None else chunk_mb
         super().__init__(*args, **kwargs)
         check_shardable(self._optimizer)
         if len(self._contexts) > 1:
@@ -184,71 +195,27 @@ class ShardedTrainer(BucketedTrainer):
             self._take_slices(self._loaded)
 
     def _plan_buffers(self, totals: List[int], ranks: int) -> None:
-        """Made once a plan, per dtype: one buffer of the largest slice, that each bucket's
-        summed slice is summed into in turn (it then sends the updated weights), and one
-        that each bucket's parts of this rank's slice are received into (every rank's, end
-        to end: about a bucket) and that a bucket of several parameters gathers its weights
-        into (a bucket of one parameter gathers straight into its weights). MXNet's engine
-        orders each reuse after the last read (views of one array share its engine
-        variable)."""
-        ctx = self._contexts[0]
+        """Each bucket's exchange, chunk by chunk through buffers made once a plan and
+        shared by the buckets (:mod:`.shard_exchange`: each at most :attr:`chunk_mb` MiB,
+        and no larger than a bucket), and the views of each piece's gradient: its part of
+        this rank's slice of the bucket's gradient buffer, where the sum arrives."""
         # A bucket of fewer elements than ranks leaves some rank a slice of nothing, which
         # MXNet cannot allocate: Horovod's own calls size those (a few elements a step).
         self._small = [total < ranks for total in totals]
-        self._grad_slices, self._gathered, self._own_slices = [], [], None
-        self._received, self._splits, self._received_splits = [], [], []
-        # Views made once a plan (a step makes none): each piece's part of the shared slice
-        # buffer, and each weight's part of the gathered bucket.
-        self._slice_views, self._unpacked = [], []
         self._half_wire = ranks > 1 and getattr(self._kvstore, "compression", "none") == "fp16"
-        if ranks == 1:
-            return
-        dtypes = [flats[0].dtype for flats in self._flat_grads]
-        sent = [np.float16 if self._half_wire and dtype == np.float32 else dtype
-                for dtype in dtypes]
-        slices, wires = {}, {}
-        for dtype, wire, total, size, bucket in zip(dtypes, sent, totals, self._slice_sizes,
-                                                    self.buckets):
-            slices[dtype] = max(slices.get(dtype, 1), size)
-            wires[wire] = max(wires.get(wire, 1), ranks * size)
-            if len(bucket) > 1:
-                wires[dtype] = max(wires.get(dtype, 1), total)
-        slices = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in slices.items()}
-        wires = {dtype: mx.nd.zeros(n, ctx=ctx, dtype=dtype) for dtype, n in wires.items()}
-        # Views kept for the plan's life: Horovod's queued calls hold their handles.
-        for dtype, wire, total, size, bucket in zip(dtypes, sent, totals, self._slice_sizes,
-                                                    self.buckets):
-            self._grad_slices.append(slices[dtype][:max(size, 1)])
-            self._gathered.append(wires[dtype][:total] if len(bucket) > 1 else
-                                  self._params[bucket[0]].list_data()[0].reshape(-1))
-            received = wires[wire][:max(ranks * size, 1)]
-            self._received.append((received, [received[r * size:(r + 1) * size]
-                                              for r in range(ranks)]))
-            self._splits.append(mx.nd.array([stop - start for start, stop in
-                                             shard_bounds(total, ranks)],
-                                            ctx=mx.cpu(), dtype=np.int32))
-            self._received_splits.append(mx.nd.zeros(ranks, ctx=mx.cpu(), dtype=np.int32))
-        for b, bucket in enumerate(self.buckets):
-            self._slice_views.append([self._grad_slices[b][p.offset:p.offset + p.size]
-                                      for p in self.pieces[b]])
-            unpacked, offset = [], 0
-            for i in bucket if len(bucket) > 1 else []:
-                data = self._params[i].list_data()[0]
-                unpacked.append((self._gathered[b][offset:offset + data.size].reshape(
-                    data.shape), data))
-                offset += data.size
-            self._unpacked.append(unpacked)
-        self._half_views = []
-        if self._half_wire:  # the float16 copies of the largest float32 bucket and slice
-            wide = [(total, size) for dtype, total, size in
-                    zip(dtypes, totals, self._slice_sizes) if dtype == np.float32]
-            half_bucket = mx.nd.zeros(max([t for t, _ in wide] + [1]), ctx=ctx,
-                                      dtype=np.float16)
-            half_slice = mx.nd.zeros(max([n for _, n in wide] + [1]), ctx=ctx,
-                                     dtype=np.float16)
-            self._half_views = [(half_bucket[:total], half_slice[:max(size, 1)])
-                                for total, size in zip(totals, self._slice_sizes)]
-        mx.nd.waitall()  # allocated before Horovod's thread sizes them
+        flats = [flats[0] for flats in self._flat_grads]
+        self._exchanges, self._exchange_buffers = [None] * len(self.buckets), []
+        if ranks > 1:
+            chunk = min(self.chunk_mb, self._bucket_bytes / 2 ** 20) * 2 ** 20
+            self._exchanges, self._exchange_buffers = plan_exchanges(
+                flats, [[self._params[i].list_data()[0] for i in bucket]
+                        for bucket in self.buckets], self._world()[0], ranks, chunk,
+                self._half_wire, [self._tag(b) for b in range(len(self.buckets))],
+                [-min(bucket) for bucket in self.buckets])
+        self._slice_views = []
+        for flat, pieces, exchange in zip(flats, self.pieces, self._exchanges):
+            own = flat if exchange is None else exchange.own
+            self._slice_views.append([own[p.offset:p.offset + p.size] for p in pieces])
 
     @property
     def _ranks(self) -> int:
@@ -351,45 +318,21 @@ class ShardedTrainer(BucketedTrainer):
         """Bucket `b`'s part of its collectives' names."""
         return f"{self.buckets[b][0]}{self._plan_suffix}"
 
-    def _scatter(self, b: int, into=None) -> mx.nd.NDArray:
-        """Bucket `b`'s gradient summed over the ranks, this rank's slice of it (into the
-        shared slice buffer, or `into`)."""
+    def _scatter(self, b: int) -> mx.nd.NDArray:
+        """Bucket `b`'s gradient summed over the ranks, this rank's slice of it: in the
+        bucket's own gradient buffer (:mod:`.shard_exchange`), or for a bucket of fewer
+        elements than ranks a new array."""
         flat = self._flat_grads[b][0]
-        hvd = self._kvstore._hvd  # pylint: disable=protected-access
-        tag = self._tag(b)
         if self._ranks == 1:
             return flat
-        half = self._half_wire and flat.dtype == np.float32
-        if self._small[b]:
-            if not half:
-                return hvd.reducescatter(flat, op=hvd.Sum, name=f"shard.reducescatter.{tag}")
-            return hvd.reducescatter(flat.astype(np.float16), op=hvd.Sum,
-                                     name=f"shard.reducescatter.{tag}").astype(np.float32)
-        grad = self._grad_slices[b] if into is None else into
-        if not half:
-            self._sum_slice(b, flat, grad)
-            return grad
-        # The float16 wire (--fp16-allreduce): the bucket cast into a float16 buffer, its
-        # slice summed in float16 (as the store's allreduce sums), cast back for the update.
-        wire, summed = self._half_views[b]
-        mx.nd.cast(flat, dtype=np.float16, out=wire)
-        self._sum_slice(b, wire, summed)
-        mx.nd.cast(summed, dtype=np.float32, out=grad)
-        return grad
-
-    def _sum_slice(self, b: int, flat: mx.nd.NDArray, out: mx.nd.NDArray) -> None:
-        """This rank's slice of bucket `b`'s `flat` buffer summed over the ranks, into
-        `out`: a reduce-scatter, made of an all-to-all (each rank sends every other rank
-        that rank's slice of its buffer: the bytes a ring reduce-scatter sends) and a sum
-        here of the parts received, in rank order. Open MPI's own ``MPI_Reduce_scatter``
-        took twice an allreduce's time on this host (docs/performance.md)."""
-        received, parts = self._received[b]
-        alltoall_into(flat, received, self._splits[b], self._received_splits[b],
-                      f"shard.alltoall.{self._tag(b)}", priority=-min(self.buckets[b]))
-        if len(parts) == 2:
-            mx.nd.elemwise_add(parts[0], parts[1], out=out)
-        else:
-            mx.nd.add_n(*parts, out=out)
+        if not self._small[b]:
+            return self._exchanges[b].scatter()
+        hvd = self._kvstore._hvd  # pylint: disable=protected-access
+        name = f"shard.reducescatter.{self._tag(b)}"
+        if not (self._half_wire and flat.dtype == np.float32):
+            return hvd.reducescatter(flat, op=hvd.Sum, name=name)
+        return hvd.reducescatter(flat.astype(np.float16), op=hvd.Sum,
+                                 name=name).astype(np.float32)
 
     def scatter_gradients(self) -> mx.nd.NDArray:
         """Reduce-scatter every bucket now (each into a slice buffer of its own, about 1/N
@@ -410,16 +353,10 @@ class ShardedTrainer(BucketedTrainer):
         return mx.nd.add_n(*squares) if len(squares) > 1 else squares[0]
 
     def _scatter_all(self) -> None:
-        """Reduce-scatter every bucket into a slice buffer of its own (made once a plan),
+        """Reduce-scatter every bucket (each sum stays in its bucket's gradient buffer),
         for the next ``update()``."""
         self._allreduce_grads()
-        if self._own_slices is None:
-            self._own_slices = [None if self._ranks == 1 or self._small[b] else
-                                mx.nd.zeros(self._slice_sizes[b], ctx=self._contexts[0],
-                                            dtype=self._grad_slices[b].dtype)
-                                for b in range(len(self.buckets))]
-        self._scattered = [self._scatter(b, self._own_slices[b])
-                           for b in range(len(self.buckets))]
+        self._scattered = [self._scatter(b) for b in range(len(self.buckets))]
 
     def _overflowed(self) -> bool:
         """Whether any element of any rank's scattered slices is not finite (AMP's check of
@@ -445,8 +382,8 @@ class ShardedTrainer(BucketedTrainer):
         if grad is None:
             grad = self._scatter(b)
         indices = [piece.param for piece in pieces]
-        grads = self._slice_views[b] if self._slice_views and grad is self._grad_slices[b] else \
-            [grad[piece.offset:piece.offset + piece.size] for piece in pieces]
+        grads = [grad[piece.offset:piece.offset + piece.size] for piece in pieces] \
+            if self._small[b] else self._slice_views[b]
         if isinstance(self._optimizer, opt.LAMB):  # every rank: its norms are a collective
             lamb_update(self._optimizer, self.shard_updater.states, indices, grads, views,
                         len(self._params), lambda v: self._sum_over_ranks(v, tag),
@@ -458,10 +395,7 @@ class ShardedTrainer(BucketedTrainer):
         for view, part in zip(views, grads):  # the slice's gradient is read: it now sends
             view.copyto(part)
         if not self._small[b]:
-            allgather_into(grad, self._gathered[b], f"shard.allgather.{tag}",
-                           priority=-min(bucket))
-            for gathered, data in self._unpacked[b]:  # none: gathered into the weight
-                gathered.copyto(data)
+            self._exchanges[b].gather()
             return
         whole = hvd.allgather(grad, name=f"shard.allgather.{tag}")
         offset = 0
@@ -474,13 +408,18 @@ class ShardedTrainer(BucketedTrainer):
         if self._ranks > 1:
             self._kvstore.sum_exact(f"shard.norms.{tag}", vector)
 
+    def exchange_buffer_bytes(self) -> List[int]:
+        """Bytes of each temporary buffer of the exchange (made once a plan)."""
+        return [buf.size * np.dtype(buf.dtype).itemsize for buf in self._exchange_buffers]
+
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds."""
         if self._kv_initialized:
             self._settle()
         return state_bytes(self.shard_updater.states)
 
-    def whole_states_later(self, alone: bool = False) -> StatesLater:
+    def whole_states_later(self, alone: bool = False, to_root: bool = False,
+                           into: Optional[str] = None) -> Optional[StatesLater]:
         """Every rank: the whole optimizer state, gathered from every rank's slices (a
         collective), with the optimizer object; calling the result gives the bytes an
         unsharded ``Trainer.save_states`` writes (:mod:`.shard_checkpoint`). No update since
@@ -490,7 +429,15 @@ class ShardedTrainer(BucketedTrainer):
         ----------
         alone : bool
             Called by one rank only (an elastic sync's rank 0): the state must be known
-            without a collective, or RuntimeError (a gather would wait for ever)."""
+            without a collective, or RuntimeError (a gather would wait for ever).
+        to_root : bool
+            Gathered on rank 0 alone (a save, which rank 0 writes), chunk by chunk (about
+            :attr:`chunk_mb` a call): the other ranks send their slices, hold no more than
+            those and a chunk, and get None; no rank keeps the state after.
+        into : str, optional
+            With `to_root`, on rank 0: stream the state into this file as it arrives
+            (:mod:`.shard_states_file`; rank 0 never holds it whole either) and return a
+            :class:`~.shard_states_file.WrittenStates` of it."""
         if self._resting is not None:
             return states_later(self._resting, self._optimizer, copy=False)
         if alone:
@@ -506,9 +453,19 @@ class ShardedTrainer(BucketedTrainer):
         ctx = self._contexts[0]
         tag = self._plan_suffix
 
+        to_root = to_root and ranks > 1
+
         def allgather(vector, name):
-            return hvd.allgather(mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype),
-                                 name=name + tag).asnumpy()
+            array = mx.nd.array(vector, ctx=mx.cpu(), dtype=vector.dtype)
+            if not to_root:
+                return hvd.allgather(array, name=name + tag).asnumpy()
+            # Rank 0's: every rank sends it its chunk, and the others nothing (an
+            # all-to-all). The splits copied in now: Horovod reads them when the call runs,
+            # and an array MXNet's engine still computes was read unwritten (a crash).
+            splits = mx.nd.array([vector.size] + [0] * (ranks - 1), ctx=mx.cpu(),
+                                 dtype=np.int32)
+            ends, _ = hvd.alltoall(array, splits=splits, name=name + tag)
+            return ends.asnumpy() if store.rank == 0 else None
 
         def present(counts):
             if ranks > 1:
@@ -523,8 +480,23 @@ class ShardedTrainer(BucketedTrainer):
                 index, mx.nd.zeros((1,), ctx=mx.cpu(), dtype=data.dtype))
 
         shapes = [param.shape for param in self._params]
-        whole = gather_whole(self.buckets, shapes, self.pieces, self.shard_updater.states,
-                             template, store.rank, ranks, allgather, present)
+        out = GuardedFile(into) if into is not None and to_root and store.rank == 0 else None
+
+        def skeleton(spaces):
+            optimizer = pickle.loads(frozen_optimizer(self._optimizer))
+            out.run(lambda: write_skeleton(out, spaces, optimizer))
+            return out
+
+        whole = gather_whole(
+            self.buckets, shapes, self.pieces, self.shard_updater.states, template,
+            store.rank, ranks, allgather, present,
+            max(1, int(self.chunk_mb * 2 ** 20) // 4 // ranks) if to_root else None,
+            "shard.state.root" if to_root else "shard.state",
+            skeleton if out is not None else None)
+        if out is not None:
+            return out.close()
+        if to_root:
+            return None if whole is None else states_later(whole, self._optimizer, copy=False)
         self._resting = whole  # host copies of their own: training does not change them
         return states_later(whole, self._optimizer, copy=False)
 
@@ -537,12 +509,12 @@ class ShardedTrainer(BucketedTrainer):
         rank 0 waits at the gather for slices the others never send, until a watchdog's
         stall timeout or Horovod's stall shutdown ends the job (docs/performance.md,
         "Sharded optimizer state"). Call it on every rank."""
-        states = self.whole_states_later()()
+        states = self.whole_states_later(to_root=True, into=f"{fname}.{os.getpid()}.part")
         store = self._kvstore
         failed = None
         if store is None or store.rank == 0:
             try:
-                atomic_write(fname, lambda tmp: _write_bytes(tmp, states))
+                atomic_write(fname, lambda tmp: put_states(states, tmp))
             except OutputError as err:
                 failed = err
         DistContext.from_store(store).agree("shard_save", failed)
@@ -580,8 +552,3 @@ class ShardedTrainer(BucketedTrainer):
         self.shard_updater.states = sliced(whole, self.pieces, self._contexts[0])
         self.shard_updater.states_synced = dict.fromkeys(self.shard_updater.states, True)
         self._loaded = None
-
-
-def _write_bytes(path: str, blob: bytes) -> None:
-    with open(path, "wb") as out:
-        out.write(blob)

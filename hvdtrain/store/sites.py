@@ -22,10 +22,16 @@ SITES = {
                        "stopped job's orderly shutdown"),
     "allreduce": ("store", "store/kvstore.py: the gradients' (and pushpull's) allreduce"),
     "broadcast": ("store", "store/broadcast.py: rank 0's parameters and objects"),
-    "shard.reducescatter": ("store", "store/sharded.py: a gradient bucket, reduce-scattered"),
-    "shard.allgather": ("store", "store/sharded.py: the updated slices, gathered"),
+    "shard.reducescatter": ("store", "store/sharded.py: a gradient bucket of fewer elements "
+                                    "than ranks, reduce-scattered"),
+    "shard.alltoall": ("store", "store/shard_exchange.py: a chunk of a gradient bucket, "
+                                "each rank's part sent to it (its reduce-scatter)"),
+    "shard.allgather": ("store", "store/sharded.py, shard_exchange.py: the updated slices "
+                                 "(chunk by chunk), gathered"),
     "shard.state": ("store", "store/sharded.py, shard_checkpoint.py: the whole optimizer "
-                             "state gathered from the slices (a save, an elastic commit)"),
+                             "state gathered from the slices: on every rank (an elastic "
+                             "commit, a re-plan), or chunk by chunk on rank 0 alone "
+                             "(shard.state.root: a save)"),
     "shard_stale": ("agree", "store/sharded.py: a trained parameter without a fresh gradient "
                              "on some rank, refused on every rank before the exchange"),
     "shard_save": ("agree", "store/sharded.py: save_states, gathered on every rank, written "

@@ -4,7 +4,8 @@ first step unusable, every case from the same start.
 
 Usage: shard_program.py OUT_DIR [CHECKPOINTS_OF_2]. Writes OUT_DIR/rank<R>.npz (each case's final arrays as
 ``<case>:<param>``, and the start as ``start:<param>``; cases named ``<optimizer>-<unusable>-<sharded>``) and OUT_DIR/rank<R>.json
-(per case: optimizer-state bytes and elements this rank holds, the model's elements, steps).
+(per case: optimizer-state bytes and elements this rank holds, the model's elements, steps,
+the bytes of each buffer of the sharded exchange and of the largest parameter).
 
 Checkpoints, for RESUMED optimizers: at 2 ranks, an unsharded run of EPOCHS epochs saves
 at each epoch's end and a sharded one every 4 steps (inside the epochs: steps 4 and 8; and
@@ -133,6 +134,8 @@ def run_case(store, start, optimizer, unusable, sharded, tiny=False, epochs=EPOC
             if a is not None)
         info["buckets"] = len(estimator.trainer.buckets)
         info["pieces"] = sum(len(p) for p in estimator.trainer.pieces)
+        info["exchange_buffer_bytes"] = estimator.trainer.exchange_buffer_bytes()
+        info["largest_parameter_bytes"] = max(4 * int(a.size) for a in arrays.values())
     return arrays, info
 
 

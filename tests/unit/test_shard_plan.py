@@ -6,6 +6,7 @@ import pytest
 from mxnet import gluon
 
 from hvdtrain.config import ConfigError, RunConfig
+from hvdtrain.store.shard_exchange import chunk_bounds
 from hvdtrain.store.shard_plan import Piece, plan_shards, shard_bounds, slice_pieces
 
 
@@ -22,6 +23,24 @@ def test_slices_are_balanced_and_cover_every_element_once(size, ranks):
         owner[start:stop] = rank
     assert (owner >= 0).all()  # every element owned
     assert list(owner) == sorted(owner)  # contiguous, in rank order
+
+
+@pytest.mark.parametrize("ranks,size,per_rank,count", [
+    (2, 576, 128, 3), (3, 1001, 100, 4), (7, 50, 3, 3), (2, 10, 64, 1),
+    (3, 4, 1, 1)])  # slices of 2, 1, 1: one element each at most would leave one empty
+def test_chunks_cut_every_slice_alike_and_cover_it_once(ranks, size, per_rank, count):
+    """store/shard_exchange.py: every rank's slice cut into the same number of balanced,
+    contiguous parts, none over the chunk's share of a rank, none empty."""
+    bounds = shard_bounds(size, ranks)
+    chunks = chunk_bounds(bounds, per_rank)
+    assert len(chunks) == count and all(len(chunk) == ranks for chunk in chunks)
+    for rank, (start, stop) in enumerate(bounds):
+        parts = [chunk[rank] for chunk in chunks]
+        assert parts[0][0] == start and parts[-1][1] == stop
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in order
+        lengths = [b - a for a, b in parts]
+        assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1
+        assert max(lengths) <= per_rank or count == min(b - a for a, b in bounds)
 
 
 def test_slices_follow_horovods_reducescatter_split():
@@ -309,3 +328,90 @@ def test_a_whole_state_of_another_model_is_refused_at_load():
     states[7] = states[0]
     with pytest.raises(ValueError, match="names parameter 7"):
         set_optimizer_states(trainer, pickle.dumps(({7: states[7]}, optimizer)))
+
+
+def test_a_gather_to_rank_0_sends_chunks_and_leaves_the_others_nothing():
+    """store/shard_checkpoint.gather_whole as a save runs it (two ranks played in turn): the
+    rank that only sends gives chunks of at most `chunk` elements and gets None; rank 0
+    assembles the whole state from the chunks, every array as it was."""
+    from hvdtrain.store.shard_checkpoint import gather_whole
+    shapes, buckets, chunk = [(10, 7), (5,), (33,)], [[0], [1, 2]], 4
+    rng = np.random.default_rng(0)
+    whole = {i: (mx.nd.array(rng.normal(size=s)), mx.nd.array(rng.normal(size=s)))
+             for i, s in enumerate(shapes)}
+    sizes = [[int(np.prod(shapes[i])) for i in bucket] for bucket in buckets]
+    plans = [plan_shards(buckets, sizes, rank, 2) for rank in (0, 1)]
+    held = np.array([sum(any(p.param == i for b in plan for p in b) for plan in plans)
+                     for i in range(len(shapes))], dtype=np.float32)
+
+    def states_of(plan):
+        return {p.param: tuple(a.reshape(-1)[p.start:p.stop] for a in whole[p.param])
+                for bucket in plan for p in bucket}
+
+    def template(index):
+        return (mx.nd.zeros(1), mx.nd.zeros(1))
+
+    sent = {}
+
+    def send(vector, name):
+        sent[name] = vector.copy()
+        return None
+
+    mine = gather_whole(buckets, shapes, plans[1], states_of(plans[1]), template, 1, 2,
+                        send, lambda counts: held, chunk)
+    assert mine is None and max(v.size for v in sent.values()) <= chunk
+
+    def receive(vector, name):
+        return np.concatenate([vector, sent[name]])
+
+    got = gather_whole(buckets, shapes, plans[0], states_of(plans[0]), template, 0, 2,
+                       receive, lambda counts: held, chunk)
+    assert sorted(got) == sorted(whole)
+    for i, arrays in whole.items():
+        for a, b in zip(got[i], arrays):
+            assert np.array_equal(a.asnumpy(), b.asnumpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_a_streamed_states_file_is_the_pickle_mxnet_reads(tmp_path, dtype):
+    """store/shard_states_file.py: the skeleton, then each array's data written in pieces
+    and out of order, reads back with pickle (as Trainer.load_states reads it) as the
+    arrays and optimizer it was written from; MXNet's header for each array is its own."""
+    from hvdtrain.store.gluon_internals import raw_array_header
+    from hvdtrain.store.shard_states_file import ArraySpace, GuardedFile, write_skeleton, \
+        write_at
+    rng = np.random.default_rng(1)
+    real = {0: (rng.normal(size=(3, 4)), rng.normal(size=(3, 4))), 2: rng.normal(size=(5,)),
+            4: None}
+    real = {i: None if v is None else tuple(a.astype(dtype) for a in v)
+            if isinstance(v, tuple) else v.astype(dtype) for i, v in real.items()}
+    spaces = {0: (ArraySpace((3, 4), dtype), ArraySpace((3, 4), dtype)),
+              2: ArraySpace((5,), dtype), 4: None}
+    out = GuardedFile(str(tmp_path / "states.part"))
+    write_skeleton(out, spaces, mx.optimizer.Adam(learning_rate=0.25))
+    for array, space in ((real[2], spaces[2]), (real[0][1], spaces[0][1]),
+                         (real[0][0], spaces[0][0])):
+        flat = array.reshape(-1)
+        write_at(out, space, 3, flat[3:])
+        write_at(out, space, 0, flat[:3])
+    written = out.close()
+    written.move_to(str(tmp_path / "trainer.states"))
+    import pickle
+    states, optimizer = pickle.loads((tmp_path / "trainer.states").read_bytes())
+    assert sorted(states) == [0, 2, 4] and states[4] is None
+    assert optimizer.learning_rate == 0.25
+    for got, want in zip(states[0] + (states[2],), real[0] + (real[2],)):
+        assert got.dtype == np.dtype(dtype) and np.array_equal(got.asnumpy(), want)
+    a = mx.nd.array(real[0][0], dtype=dtype)
+    assert bytes(a.__getstate__()["handle"]) == raw_array_header((3, 4), dtype) + \
+        real[0][0].tobytes()
+
+
+def test_a_failed_streamed_write_is_raised_when_the_file_is_put_in_place(tmp_path):
+    """The rank that streams goes on with the collectives after a failed write (nothing
+    raised there); the failure is raised, as an OSError, where the save puts the file."""
+    from hvdtrain.store.shard_states_file import ArraySpace, GuardedFile, write_skeleton
+    out = GuardedFile(str(tmp_path / "missing" / "states.part"))  # no such folder
+    write_skeleton(out, {0: ArraySpace((2,), "float32")}, None)
+    with pytest.raises(OSError, match="could not be written"):
+        out.close().move_to(str(tmp_path / "trainer.states"))
