@@ -36,13 +36,14 @@ demo: install
 # `alone` (elastic jobs, whose recovery depends on Gloo's timeout) run after the others,
 # test by test in two processes (--dist load): they mostly wait, and beside the rest of the
 # suite a joining worker once missed the timeout.
-# The others run in three test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
+# The others run in four test processes (pytest-xdist; TEST_WORKERS=0 for one): each test
 # file whole in one of them, long files first (--dist loadfile --no-loadscope-reorder,
 # tests/conftest.py), so a module fixture's job starts once and the documented lines of
 # test_readme_commands.py run in order. While a test waits (for a timeout, or for ranks it
-# started over ssh) its process uses no CPU; a third process uses the core meanwhile:
-# 13:57 instead of 14:31 for that part (docs/development.md).
-TEST_WORKERS ?= 3
+# started over ssh) its process uses no CPU; a third process used the core meanwhile
+# (13:57 instead of 14:31 for that part), a fourth since 2026-12-08: the profiled run kept
+# the two cores 71% busy at three (docs/development.md).
+TEST_WORKERS ?= 4
 ALONE_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -ra
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
