@@ -55,15 +55,13 @@ class StepVerdict:
         switch (``HVDTRAIN_FAULT_AT=train_step:<rank>:<n>``) fails it."""
         if self.error is not None:
             return None
-        if not self.shared:
-            if pass_:
-                fault_point("train_step", self.dist.rank)
-            return method(*args)
         try:
             if pass_:
                 fault_point("train_step", self.dist.rank)
             return method(*args)
         except Exception as error:  # pylint: disable=broad-except
+            if not self.shared:
+                raise
             from ...runtime.elastic_run import is_collective_failure  # loads Horovod
             lost = isinstance(error, mx.base.MXNetError) and is_collective_failure(error)
             if lost or isinstance(error, (AgreedError, AgreedConfigError)):
